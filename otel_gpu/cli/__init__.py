@@ -165,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_RUNTIME if args.command != "health" else 3
     except KeyboardInterrupt:
         return EXIT_OK
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
+        return EXIT_OK
     except Exception as err:  # last resort: one line, details at debug level
         _log.debug("unexpected error", exc_info=True)
         print(
