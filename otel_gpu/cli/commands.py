@@ -81,6 +81,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         # --once is simply "shut down now": one collection, flushed, then exit.
         while not args.once and not stop.wait(0.5):
             pass
+        # Sweep (and run the health checks) now, so the events are queued before the metric
+        # and log pipelines shut down side by side; the final collection reuses this sweep.
+        telemetry.cache.get()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

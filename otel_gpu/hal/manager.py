@@ -223,7 +223,10 @@ class DeviceManager:
         """Start the event sources of every backend that has one."""
         for backend in self._opened:
             if isinstance(backend, EventSource):
-                backend.start_events(sink)
+                try:
+                    backend.start_events(sink)
+                except Exception as err:  # events are a bonus; metrics go on without them
+                    _log.warning("%s: driver events unavailable: %s", backend.name, err)
 
     def close(self) -> None:
         """Stop events and close every opened backend. Safe to call twice."""

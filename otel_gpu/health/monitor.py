@@ -294,7 +294,8 @@ def _device_checks(
     label = _label(dev, dev.id)
     p = prev[1] if prev else None
     if s.ecc_uncorrected_total:
-        delta = s.ecc_uncorrected_total - (p.ecc_uncorrected_total or 0) if p else 0
+        # First sight of a non-zero count: all of it is new to us.
+        delta = s.ecc_uncorrected_total - (p.ecc_uncorrected_total or 0 if p else 0)
         yield _finding(
             "accel.memory.ecc.uncorrectable",
             dev,

@@ -54,9 +54,18 @@ class Providers:
         self.logger_provider.force_flush(timeout_ms)
 
     def shutdown(self) -> None:
-        """Flush and shut both providers down."""
-        self.meter_provider.shutdown()
-        self.logger_provider.shutdown()
+        """Flush and shut both providers down, side by side: a slow metrics endpoint must not
+        use up the time the health events need."""
+        import threading
+
+        threads = [
+            threading.Thread(target=p.shutdown, name=f"otel-gpu-shutdown-{i}", daemon=True)
+            for i, p in enumerate((self.meter_provider, self.logger_provider))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
 
 def _exporter_names(signal: str, env: Mapping[str, str]) -> list[str]:
@@ -98,6 +107,35 @@ def _load(group: str, name: str) -> Any:
     return next(iter(entry_points(group=group, name=name))).load()
 
 
+_COMPRESSION_VARS = (
+    "OTEL_EXPORTER_OTLP_COMPRESSION",
+    "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",
+    "OTEL_EXPORTER_OTLP_LOGS_COMPRESSION",
+)
+
+
+def _construct(signal: str, impl: Any) -> Any:
+    """Instantiate an exporter (it reads its own ``OTEL_EXPORTER_OTLP_*`` variables).
+
+    ``compression=none`` is valid OTLP configuration that the SDK's gRPC exporter rejects; it
+    means "no compression", which is that exporter's default, so the variable is hidden while
+    the exporter is built. Any other construction error is a configuration error.
+    """
+    hidden = {
+        var: os.environ.pop(var)
+        for var in _COMPRESSION_VARS
+        if os.environ.get(var, "").strip().lower() == "none"
+    }
+    try:
+        return impl()
+    except Exception as err:
+        raise ConfigError(
+            f"OTEL_{signal.upper()}_EXPORTER", f"cannot build exporter {impl.__name__}: {err}"
+        ) from None
+    finally:
+        os.environ.update(hidden)
+
+
 def build_providers(
     resource: Resource,
     interval_s: float,
@@ -127,10 +165,12 @@ def build_providers(
     for name in metric_names:
         impl = _load("opentelemetry_metrics_exporter", name)
         if isinstance(impl, type) and issubclass(impl, MetricReader):
-            readers.append(impl())
+            readers.append(_construct("metrics", impl))
         elif isinstance(impl, type) and issubclass(impl, MetricExporter):
             readers.append(
-                PeriodicExportingMetricReader(impl(), export_interval_millis=interval_ms)
+                PeriodicExportingMetricReader(
+                    _construct("metrics", impl), export_interval_millis=interval_ms
+                )
             )
         else:
             raise ConfigError("OTEL_METRICS_EXPORTER", f"{name!r} is not a metric exporter")
@@ -142,7 +182,7 @@ def build_providers(
         impl = _load("opentelemetry_logs_exporter", name)
         if not (isinstance(impl, type) and issubclass(impl, LogRecordExporter)):
             raise ConfigError("OTEL_LOGS_EXPORTER", f"{name!r} is not a log exporter")
-        log_exporter = impl()
+        log_exporter = _construct("logs", impl)
         if name == "console":
             logger_provider.add_log_record_processor(SimpleLogRecordProcessor(log_exporter))
         else:

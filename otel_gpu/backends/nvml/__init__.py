@@ -24,6 +24,7 @@ waiting on ``nvmlEventSetWait_v2`` and delivered at once.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
@@ -228,7 +229,23 @@ class NvmlBackend:
         children: list[DeviceInfo] = []
         for i in range(count):
             handle = n.call("nvmlDeviceGetHandleByIndex", i)
-            dev = _Device(self._static(i, handle), handle)
+            try:
+                dev = _Device(self._static(i, handle), handle)
+            except DeviceLost as err:  # lost before we could read it: keep its place, say so
+                try:
+                    uuid = _opt_text(n.call("nvmlDeviceGetUUID", handle))
+                except OtelGpuError:
+                    uuid = None
+                info = DeviceInfo(
+                    index=i,
+                    id=uuid or f"nvml-gpu-{i}",
+                    vendor="nvidia",
+                    model="unknown (GPU lost)",
+                    backend=self.name,
+                    local_index=i,
+                )
+                dev = _Device(info, handle)
+                self._mark_lost(dev, err.reason, self._clock())
             self._devices.append(dev)
         by_bus = {d.info.pci_bus_id: d.info.index for d in self._devices}
         for dev in self._devices:
@@ -719,6 +736,7 @@ class _EventThread(threading.Thread):
         self.sink = sink
         self._stop_flag = threading.Event()
         self._set: Any = None
+        self._by_address = {_address(h): uuid for uuid, h in handles.items()}
 
     def register(self) -> bool:
         n = self.nvml
@@ -734,23 +752,23 @@ class _EventThread(threading.Thread):
             return False
         registered = 0
         for uuid, handle in self.handles.items():
-            supported = n.try_call(
-                "nvmlDeviceGetSupportedEventTypes", handle, device=uuid, quantity="event_types"
-            )
-            mask = wanted & int(supported or 0)
-            if (
-                mask
-                and n.try_call(
-                    "nvmlDeviceRegisterEvents",
-                    handle,
-                    mask,
-                    self._set,
-                    device=uuid,
-                    quantity="register_events",
+            try:
+                supported = n.call(
+                    "nvmlDeviceGetSupportedEventTypes", handle, device=uuid, quantity="event_types"
                 )
-                is not False
-            ):
-                registered += 1
+                mask = wanted & int(supported or 0)
+                if mask:
+                    n.call(
+                        "nvmlDeviceRegisterEvents",
+                        handle,
+                        mask,
+                        self._set,
+                        device=uuid,
+                        quantity="register_events",
+                    )
+                    registered += 1
+            except OtelGpuError as err:  # a lost GPU has no events to give
+                _log.info("%s: no NVML events: %s", uuid, err)
         if not registered:
             n.try_call("nvmlEventSetFree", self._set)
             return False
@@ -780,7 +798,8 @@ class _EventThread(threading.Thread):
 
     def _deliver(self, data: Any) -> None:
         n = self.nvml
-        uuid = _opt_text(n.try_call("nvmlDeviceGetUUID", data.device, quantity="event_uuid"))
+        # Map the handle by address: asking NVML for the UUID fails once the GPU is lost (Xid 79).
+        uuid = self._by_address.get(_address(data.device))
         kind = int(data.eventType)
         now = time.time_ns()
         if kind & int(n.const("nvmlEventTypeXidCriticalError", 0)):
@@ -823,6 +842,11 @@ class _EventThread(threading.Thread):
     def stop(self) -> None:
         self._stop_flag.set()
         self.join(timeout=2 * self.WAIT_MS / 1000 + 1)
+
+
+def _address(handle: Any) -> int | None:
+    """The address behind an NVML device handle (a ctypes pointer)."""
+    return ctypes.cast(handle, ctypes.c_void_p).value
 
 
 def _field_value(n: Nvml, value: Any) -> float:
