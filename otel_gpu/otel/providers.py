@@ -59,8 +59,8 @@ class Providers:
         import threading
 
         threads = [
-            threading.Thread(target=p.shutdown, name=f"otel-gpu-shutdown-{i}", daemon=True)
-            for i, p in enumerate((self.meter_provider, self.logger_provider))
+            threading.Thread(target=self.meter_provider.shutdown, daemon=True),
+            threading.Thread(target=self.logger_provider.shutdown, daemon=True),
         ]
         for thread in threads:
             thread.start()
