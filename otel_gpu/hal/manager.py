@@ -219,6 +219,13 @@ class DeviceManager:
             sweep_seconds=time.perf_counter() - started,
         )
 
+    def enable(self, feature: str) -> None:
+        """Ask every backend that supports it to collect an opt-in ``feature`` (``processes``)."""
+        for backend in self._backends:
+            enable = getattr(backend, "enable", None)
+            if callable(enable):
+                enable(feature)
+
     def start_events(self, sink: EventSink) -> None:
         """Start the event sources of every backend that has one."""
         for backend in self._opened:

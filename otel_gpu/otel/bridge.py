@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry._logs import LoggerProvider, SeverityNumber
@@ -24,10 +24,13 @@ from otel_gpu.hal.model import DeviceInfo, HealthEvent, HealthState, Inventory, 
 from otel_gpu.health.monitor import HealthMonitor
 from otel_gpu.otel.metrics import METRICS, Instrument, MetricSpec
 
-__all__ = ["EventLogger", "GpuTelemetry", "SnapshotCache", "device_attributes"]
+__all__ = ["AttributeSource", "EventLogger", "GpuTelemetry", "SnapshotCache", "device_attributes"]
 
 _log = logging.getLogger(__name__)
 SCOPE = "otel_gpu"
+
+AttributeSource = Callable[[Inventory, Snapshot], Mapping[str, Mapping[str, str]]]
+"""Per-sweep attributes by device id (see :class:`GpuTelemetry`)."""
 
 
 class SnapshotCache:
@@ -127,7 +130,11 @@ class GpuTelemetry:
     driver events, to ``logger_provider`` as log records. It never sets global providers.
 
     ``attributes="minimal"`` trims per-point attributes; ``features`` enables opt-in metrics
-    (``{"processes"}``).
+    (``{"processes"}``) and asks the backends for the data behind them.
+
+    ``attribute_sources`` add per-device attributes that change at run time (the Kubernetes pod
+    or Slurm job that holds a device): each is called once per sweep with the inventory and the
+    snapshot and returns ``{device_id: {attribute: value}}``; a device it omits gets none.
     """
 
     def __init__(
@@ -140,6 +147,7 @@ class GpuTelemetry:
         attributes: str = "full",
         features: frozenset[str] = frozenset(),
         monitor: HealthMonitor | None = None,
+        attribute_sources: Sequence[AttributeSource] = (),
     ) -> None:
         self.manager = manager
         self.monitor = monitor or HealthMonitor()
@@ -148,7 +156,9 @@ class GpuTelemetry:
         self._logger_provider = logger_provider
         self._minimal = attributes == "minimal"
         self._features = features
+        self._static_attrs: dict[str, dict[str, str]] = {}
         self._attrs: dict[str, dict[str, str]] = {}
+        self._sources = list(attribute_sources)
         self._instruments: list[object] = []
         self._started = False
 
@@ -162,7 +172,11 @@ class GpuTelemetry:
         if self._started:
             return
         inventory = self.manager.open()
-        self._attrs = {d.id: device_attributes(d, self._minimal) for d in inventory.devices}
+        self._static_attrs = {d.id: device_attributes(d, self._minimal) for d in inventory.devices}
+        self._attrs = dict(self._static_attrs)
+        for feature in self._features:
+            self.manager.enable(feature)
+        self.cache.on_sweep.append(self._refresh_attributes)
         if self._logger_provider is not None:
             self.monitor.set_emitter(EventLogger(self._logger_provider, lambda: self.inventory))
         self.cache.on_sweep.append(self._check_health)
@@ -180,6 +194,22 @@ class GpuTelemetry:
         )
         self.manager.start_events(self.monitor.record_event)
         self._started = True
+
+    def _refresh_attributes(self, snapshot: Snapshot) -> None:
+        """Merge the run-time attribute sources into each device's point attributes."""
+        if not self._sources:
+            return
+        merged = {dev_id: dict(attrs) for dev_id, attrs in self._static_attrs.items()}
+        for source in self._sources:
+            try:
+                extra = source(self.inventory, snapshot)
+            except Exception:
+                _log.warning("attribute source %r failed", source, exc_info=True)
+                continue
+            for dev_id, attrs in extra.items():
+                if dev_id in merged:
+                    merged[dev_id].update(attrs)
+        self._attrs = merged
 
     def _check_health(self, snapshot: Snapshot) -> None:
         self.monitor.process(self.inventory, snapshot)

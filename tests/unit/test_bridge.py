@@ -208,3 +208,32 @@ def test_topology_resource_attributes() -> None:
     assert attrs["accel.interconnect.domains"] == ["0,1,2,3"]
     assert attrs["accel.cuda.version"] == "12.4"
     assert attrs["accel.nvidia.driver.version"] == "550.54.15"
+
+
+def test_attribute_sources_tag_only_the_devices_they_name() -> None:
+    reader = InMemoryMetricReader()
+    manager = DeviceManager([SimulatedBackend("count=3")])
+    calls: list[int] = []
+
+    def pods(inventory: Any, snapshot: Any) -> dict[str, dict[str, str]]:
+        calls.append(1)
+        return {inventory.devices[1].id: {"k8s.pod.name": "trainer-0"}, "unknown": {"x": "y"}}
+
+    tel = GpuTelemetry(manager, MeterProvider(metric_readers=[reader]), attribute_sources=[pods])
+    tel.start()
+    _, power = _points(reader)["hw.power"]
+    tagged = {p.attributes["hw.name"]: p.attributes.get("k8s.pod.name") for p in power}
+    assert tagged == {"gpu0": None, "gpu1": "trainer-0", "gpu2": None}
+    assert len(calls) == 1  # once per sweep, not per instrument
+
+
+def test_processes_feature_exports_per_process_memory() -> None:
+    reader = InMemoryMetricReader()
+    tel = GpuTelemetry(
+        DeviceManager([SimulatedBackend("count=2")]),
+        MeterProvider(metric_readers=[reader]),
+        features=frozenset({"processes"}),
+    )
+    tel.start()
+    _, procs = _points(reader)["accel.process.memory.usage"]
+    assert {p.attributes["process.pid"] for p in procs} == {4242, 4243}
