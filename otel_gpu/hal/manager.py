@@ -108,8 +108,12 @@ class DeviceManager:
         backends: Sequence[Backend],
         device_filter: DeviceFilter | None = None,
         timer: Callable[[], int] = time.time_ns,
+        sweep_timeout_s: float = 5.0,
     ) -> None:
         self._backends = list(backends)
+        self.sweep_timeout_s = sweep_timeout_s
+        self._workers: list[_SweepWorker] = []
+        self._owned: dict[int, list[str]] = {}
         self._filter = device_filter
         self._timer = timer
         self._inventory: Inventory | None = None
@@ -169,6 +173,7 @@ class DeviceManager:
                     raise BackendUnavailable(backend.name, f"failed to open: {err}") from err
                 self._opened.append(backend)
             self._inventory = self._merge_inventories()
+            self._workers = [_SweepWorker(b) for b in self._opened]
             return self._inventory
 
     @property
@@ -179,12 +184,14 @@ class DeviceManager:
     def _merge_inventories(self) -> Inventory:
         devices: list[DeviceInfo] = []
         versions: dict[str, str] = {}
+        self._owned = {}
         for backend in self._opened:
             offset = len(devices)
             inv = backend.inventory()
             versions.update(inv.versions)
             for dev in inv.devices:
                 devices.append(_renumber(dev, offset))
+            self._owned[id(backend)] = [d.id for d in inv.devices]
         if self._filter is not None:
             parents = {d.id: d for d in devices}
             devices = [d for d in devices if self._filter.keeps(d, parents)]
@@ -192,25 +199,51 @@ class DeviceManager:
         return Inventory(tuple(devices), versions)
 
     def sample(self) -> Snapshot:
-        """One sweep of every backend, merged. A backend that raises marks its devices failed."""
-        inventory = self.inventory
+        """One sweep of every backend, merged, within ``sweep_timeout_s``.
+
+        Each backend sweeps on its own worker thread. A backend that raises marks its devices
+        failed; one stuck in a vendor call past the deadline (a blocking C call cannot be
+        interrupted) gives the devices it had finished and marks the rest failed, and is not
+        asked again until the stuck call returns. The other backends are not held up.
+        """
+        if self._inventory is None:
+            self.open()
         started = time.perf_counter()
+        deadline = time.monotonic() + self.sweep_timeout_s
+        started_now = {id(w): w.start_sweep() for w in self._workers}
         samples: list[DeviceSample] = []
         failures: list[DeviceFailure] = []
-        for backend in self._opened:
-            try:
-                snap = backend.sample()
-            except Exception as err:
-                reason = f"{backend.name} sweep failed: {type(err).__name__}: {err}"
-                _log.warning("%s", reason, exc_info=not isinstance(err, OtelGpuError))
-                failures.extend(
-                    DeviceFailure(d.id, reason)
-                    for d in inventory.devices
-                    if d.backend == backend.name
-                )
+        for worker in self._workers:
+            name = worker.backend.name
+            # A worker still stuck from an earlier sweep is not waited for again.
+            done = started_now[id(worker)] and worker.wait(max(0.0, deadline - time.monotonic()))
+            if done and worker.error is None and worker.result is not None:
+                samples.extend(s for s in worker.result.samples if s.device_id in self._kept)
+                failures.extend(f for f in worker.result.failures if f.device_id in self._kept)
                 continue
-            samples.extend(s for s in snap.samples if s.device_id in self._kept)
-            failures.extend(f for f in snap.failures if f.device_id in self._kept)
+            if done:
+                err = worker.error
+                reason = f"{name} sweep failed: {type(err).__name__}: {err}"
+                _log.warning("%s", reason, exc_info=not isinstance(err, OtelGpuError))
+                partial: list[DeviceSample | DeviceFailure] = []
+            else:
+                reason = (
+                    f"{name} sweep stuck in a vendor call for {worker.stuck_for():.1f}s "
+                    f"(deadline {self.sweep_timeout_s:g}s)"
+                )
+                _log.warning("%s", reason)
+                partial = worker.partial() if started_now[id(worker)] else []
+            finished = set()
+            for item in partial:
+                if item.device_id not in self._kept:
+                    continue
+                finished.add(item.device_id)
+                (samples if isinstance(item, DeviceSample) else failures).append(item)  # type: ignore[arg-type]
+            failures.extend(
+                DeviceFailure(dev_id, reason, stuck=not done)
+                for dev_id in self._owned.get(id(worker.backend), ())
+                if dev_id in self._kept and dev_id not in finished
+            )
         self.sweeps += 1
         return Snapshot(
             timestamp_ns=self._timer(),
@@ -241,6 +274,9 @@ class DeviceManager:
             self._close_opened()
 
     def _close_opened(self) -> None:
+        for worker in self._workers:
+            worker.stop()
+        self._workers = []
         for backend in reversed(self._opened):
             try:
                 if isinstance(backend, EventSource):
@@ -256,6 +292,93 @@ class DeviceManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _SweepWorker:
+    """A daemon thread that runs one backend's sweeps, so that a vendor call that never returns
+    holds up only that backend (and never the interpreter's exit).
+
+    A backend with a ``sweep(emit)`` method reports each device as it finishes; what was
+    finished before a deadline still goes out.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.result: Snapshot | None = None
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._go = threading.Event()
+        self._done = threading.Event()
+        self._done.set()
+        self._busy_since: float | None = None
+        self._partial: list[DeviceSample | DeviceFailure] = []
+        self._stopping = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"otel-gpu-sweep-{backend.name}", daemon=True
+        )
+        self._thread.start()
+
+    def start_sweep(self) -> bool:
+        """Start a sweep; False when the previous one is still running (stuck)."""
+        with self._lock:
+            if self._busy_since is not None:
+                return False
+            self._busy_since = time.monotonic()
+            self._partial = []
+            self.result, self.error = None, None
+            self._done.clear()
+            self._go.set()
+            return True
+
+    def wait(self, timeout: float) -> bool:
+        """True when the sweep finished within ``timeout`` seconds."""
+        return self._done.wait(timeout)
+
+    def stuck_for(self) -> float:
+        """Seconds the current sweep has been running."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def partial(self) -> list[DeviceSample | DeviceFailure]:
+        """What the running sweep has finished so far."""
+        with self._lock:
+            return list(self._partial)
+
+    def _emit(self, item: DeviceSample | DeviceFailure) -> None:
+        with self._lock:
+            self._partial.append(item)
+
+    def _run(self) -> None:
+        while True:
+            self._go.wait()
+            self._go.clear()
+            if self._stopping:
+                return
+            result: Snapshot | None = None
+            error: BaseException | None = None
+            try:
+                sweep = getattr(self.backend, "sweep", None)
+                if callable(sweep):
+                    sweep(self._emit)
+                    items = self.partial()
+                    result = Snapshot(
+                        time.time_ns(),
+                        tuple(i for i in items if isinstance(i, DeviceSample)),
+                        tuple(i for i in items if isinstance(i, DeviceFailure)),
+                    )
+                else:
+                    result = self.backend.sample()
+            except Exception as err:
+                error = err
+            with self._lock:
+                self.result, self.error = result, error
+                self._busy_since = None
+                self._done.set()
+
+    def stop(self) -> None:
+        """Let the thread end (at once if idle; a stuck call keeps it until it returns)."""
+        self._stopping = True
+        self._go.set()
 
 
 def _renumber(dev: DeviceInfo, offset: int) -> DeviceInfo:

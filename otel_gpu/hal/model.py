@@ -343,11 +343,13 @@ class DeviceSample:
 
 @dataclass(frozen=True, slots=True)
 class DeviceFailure:
-    """A device that could not be read in this sweep (``lost=True``: fell off / GPU is lost)."""
+    """A device that could not be read in this sweep. ``lost``: it fell off the bus (GPU is
+    lost); ``stuck``: a vendor call for it did not return within the sweep deadline."""
 
     device_id: str
     reason: str
     lost: bool = False
+    stuck: bool = False
 
 
 @dataclass(frozen=True, slots=True)

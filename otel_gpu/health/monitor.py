@@ -244,7 +244,8 @@ class HealthMonitor:
                 continue
             count = self._failing.get(failure.device_id, 0) + 1
             self._failing[failure.device_id] = count
-            if count >= th.degraded_after_sweeps:
+            # A hung vendor call is reported at once; other read errors once they repeat.
+            if failure.stuck or count >= th.degraded_after_sweeps:
                 yield _finding(
                     "accel.telemetry.degraded",
                     dev,

@@ -59,7 +59,7 @@ class SnapshotCache:
             now = self._clock()
             if self._snapshot is None or now - self._taken_at >= self.max_age_s:
                 self._snapshot = self._sweep()
-                self._taken_at = now
+                self._taken_at = self._clock()  # a slow sweep's data is as fresh as its end
                 self.sweeps += 1
                 for hook in self.on_sweep:
                     try:

@@ -1183,6 +1183,7 @@ class FakeNvml:
         self._scripted = sorted(enumerate(self.scenario.events), key=lambda e: e[1].after_s)
         self._scripted_lost_done: set[int] = set()
         self._faults = [dataclasses.replace(f) for f in self.scenario.faults]
+        self._hangs: list[tuple[str, int | None, float, threading.Event]] = []
         self._functions: dict[str, _NvmlFunction] = {}
 
     # ---------------------------------------------------------------- public API for tests
@@ -1283,6 +1284,17 @@ class FakeNvml:
         with self._cond:
             self._faults.clear()
 
+    def hang(
+        self, function: str, *, gpu: int | None = None, seconds: float = 30.0
+    ) -> threading.Event:
+        """Make ``function`` block (for one GPU or all) as a wedged driver call would: up to
+        ``seconds``, or until the returned event is set. A blocking C call cannot be
+        interrupted, so callers must be designed around it."""
+        release = threading.Event()
+        with self._cond:
+            self._hangs.append((function, gpu, seconds, release))
+        return release
+
     def handle_address(self, gpu_index: int, mig_index: int | None = None) -> int:
         """The address behind the handle of a GPU (or one of its MIG devices), to compare with
         ``ctypes.cast(handle, c_void_p).value``."""
@@ -1319,6 +1331,15 @@ class FakeNvml:
         delay = self.scenario.call_delay_s.get(name)
         if delay:
             time.sleep(delay)
+        for function, gpu_index, seconds, release in list(self._hangs):
+            if function != name:
+                continue
+            if gpu_index is not None:
+                target = self._by_address.get(_address(args[0])) if args else None
+                gpu = target.parent if isinstance(target, _Mig) else target
+                if gpu is None or gpu.index != gpu_index:
+                    continue
+            release.wait(seconds)  # outside the lock: other threads' calls go on
         with self._cond:
             self.calls[name] += 1
             try:

@@ -465,26 +465,40 @@ class NvmlBackend:
 
     def sample(self) -> Snapshot:
         """One sweep of every GPU (and MIG instance)."""
+        items: list[DeviceSample | DeviceFailure] = []
+        self.sweep(items.append)
+        return Snapshot(
+            time.time_ns(),
+            tuple(i for i in items if isinstance(i, DeviceSample)),
+            tuple(i for i in items if isinstance(i, DeviceFailure)),
+        )
+
+    def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
+        """One sweep, handing each device to ``emit`` as soon as it is read (so a later device
+        whose call hangs does not hold back the ones already read)."""
         self.inventory()
         slow = self._sweep % self.slow_every == 0
         self._sweep += 1
-        samples: list[DeviceSample] = []
-        failures: list[DeviceFailure] = []
         now = self._clock()
         for dev in self._devices:
             if dev.lost_reason is not None and not self._retry_lost(dev, now):
-                failures.extend(self._lost_failures(dev))
+                for failure in self._lost_failures(dev):
+                    emit(failure)
                 continue
             try:
-                samples.append(self._sample_device(dev, slow or not dev.slow))
-                for child, handle in dev.children:
-                    samples.append(self._sample_mig(child, handle))
+                sample = self._sample_device(dev, slow or not dev.slow)
+                children = [self._sample_mig(child, handle) for child, handle in dev.children]
             except DeviceLost as err:
                 self._mark_lost(dev, err.reason, now)
-                failures.extend(self._lost_failures(dev))
+                for failure in self._lost_failures(dev):
+                    emit(failure)
+                continue
             except NvmlCallError as err:
-                failures.append(DeviceFailure(dev.info.id, str(err)))
-        return Snapshot(time.time_ns(), tuple(samples), tuple(failures))
+                emit(DeviceFailure(dev.info.id, str(err)))
+                continue
+            emit(sample)
+            for child_sample in children:
+                emit(child_sample)
 
     def _lost_failures(self, dev: _Device) -> list[DeviceFailure]:
         reason = dev.lost_reason or "GPU is lost"

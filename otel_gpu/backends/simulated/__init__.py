@@ -50,6 +50,7 @@ class SimulatedBackend:
     name: ClassVar[str] = "simulated"
     auto: ClassVar[bool] = False
     fallback_for: ClassVar[str | None] = None
+    HANG_S: ClassVar[float] = 60.0
 
     def __init__(
         self,
@@ -66,6 +67,7 @@ class SimulatedBackend:
         self._counters: dict[tuple[str, str], int] = {}
         self._sink: EventSink | None = None
         self._lock = threading.Lock()
+        self._released = threading.Event()
         self.opened = False
         self.closed = False
 
@@ -87,6 +89,7 @@ class SimulatedBackend:
         """Nothing to release; records that close was called."""
         self.closed = True
         self._sink = None
+        self._released.set()
 
     def start_events(self, sink: EventSink) -> None:
         """Scripted Xid faults are delivered to ``sink`` during the sweep they are due."""
@@ -222,31 +225,39 @@ class SimulatedBackend:
 
     def sample(self) -> Snapshot:
         """One sweep: every device's values for the current cycle, then advance the cycle."""
+        items: list[DeviceSample | DeviceFailure] = []
+        self.sweep(items.append)
+        return Snapshot(
+            time.time_ns(),
+            tuple(i for i in items if isinstance(i, DeviceSample)),
+            tuple(i for i in items if isinstance(i, DeviceFailure)),
+        )
+
+    def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
+        """One sweep handing each device to ``emit`` as it is read. A ``hang`` fault blocks the
+        sweep on its device (as a wedged driver call would) for ``HANG_S`` or until close."""
         with self._lock:
             inventory = self.inventory()
             now = self._timer()
             dt = 0.0 if self._last_t is None else max(0.0, now - self._last_t)
             self._last_t = now
-            samples: list[DeviceSample] = []
-            failures: list[DeviceFailure] = []
             lost_parents: set[str] = set()
-            physical = [d for d in inventory.devices if d.parent_id is None]
-            for dev in physical:
+            for dev in inventory.devices:
+                if dev.parent_id is not None:
+                    if dev.parent_id in lost_parents:
+                        emit(DeviceFailure(dev.id, "parent GPU is lost", lost=True))
+                    else:
+                        emit(self._sample_mig(dev))
+                    continue
+                if self._due("hang", dev.index):
+                    self._released.wait(self.HANG_S)
                 if self._lost(dev.index):
-                    failures.append(DeviceFailure(dev.id, "GPU is lost (simulated)", lost=True))
+                    emit(DeviceFailure(dev.id, "GPU is lost (simulated)", lost=True))
                     lost_parents.add(dev.id)
                     continue
-                samples.append(self._sample_device(dev, dt))
-            for dev in inventory.devices:
-                if dev.parent_id is None:
-                    continue
-                if dev.parent_id in lost_parents:
-                    failures.append(DeviceFailure(dev.id, "parent GPU is lost", lost=True))
-                else:
-                    samples.append(self._sample_mig(dev))
+                emit(self._sample_device(dev, dt))
             self._emit_scripted_events(inventory)
             self._cycle += 1
-            return Snapshot(time.time_ns(), tuple(samples), tuple(failures))
 
     def _wave(self, dev: DeviceInfo, period: float, phase: float = 0.0) -> float:
         """A deterministic 0..1 load curve per device, plus a little seeded noise."""

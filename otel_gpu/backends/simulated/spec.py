@@ -16,7 +16,8 @@ sweep number (0 = first) at which the fault starts. Kinds: ``lost`` (device lost
 (a lost device answers again), ``xid<code>`` (an Xid event), ``ecc`` (one uncorrectable ECC
 error), ``ecc-corrected``, ``throttle-thermal``, ``throttle-power``, ``link-down`` (first
 interconnect link goes down), ``row-remap-failure``, ``retirement-pending``, ``pcie-degraded``
-(link trained below maximum width), ``hot`` (temperature above the slowdown threshold).
+(link trained below maximum width), ``hot`` (temperature above the slowdown threshold),
+``hang`` (reading the device blocks, as a wedged driver call does, on that one sweep).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ FAULT_KINDS = (
     "retirement-pending",
     "pcie-degraded",
     "hot",
+    "hang",
 )
 
 
