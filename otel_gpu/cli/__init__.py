@@ -97,6 +97,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     health.add_argument("--format", choices=("text", "json", "nagios"), default="text")
     health.add_argument(
+        "--check-busy",
+        action="store_true",
+        help="fail when processes hold a device or its memory is in use (Slurm prolog/epilog)",
+    )
+    health.add_argument(
         "--exporter",
         choices=("otlp", "console", "none"),
         help="also send the events as logs (default: none; OTEL_LOGS_EXPORTER when set)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -25,8 +26,8 @@ SHUTDOWN_BUDGET_S = 4.0
 NAGIOS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
 
 
-def _manager(settings: Settings) -> DeviceManager:
-    setting = "--backend" if settings.backend else "OTEL_GPU_BACKEND"
+def _manager(args: argparse.Namespace, settings: Settings) -> DeviceManager:
+    setting = "--backend" if getattr(args, "backend", None) else "OTEL_GPU_BACKEND"
     return DeviceManager.from_selector(
         settings.backend, device_filter=settings.devices, setting=setting
     )
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from otel_gpu.otel.providers import build_providers
     from otel_gpu.otel.resource import build_resource
 
-    manager = _manager(settings)
+    manager = _manager(args, settings)
     inventory = manager.open()
     try:
         providers = build_providers(build_resource(inventory), settings.interval_s, args.exporter)
@@ -164,7 +165,7 @@ def inventory_document(inv: Inventory) -> dict[str, Any]:
 
 def inventory(args: argparse.Namespace, settings: Settings) -> int:
     """Print the devices and topology."""
-    with _manager(settings) as manager:
+    with _manager(args, settings) as manager:
         inv = manager.inventory
     if args.json:
         print(json.dumps(inventory_document(inv), indent=2))
@@ -197,16 +198,19 @@ def health(args: argparse.Namespace, settings: Settings) -> int:
     if args.expect_devices is not None:
         if args.expect_devices < 0:
             raise ConfigError("--expect-devices", f"invalid value {args.expect_devices}", "N >= 0")
-        from dataclasses import replace
-
-        thresholds = replace(thresholds, expected_devices=args.expect_devices)
+        thresholds = dataclasses.replace(thresholds, expected_devices=args.expect_devices)
+    if args.check_busy:
+        thresholds = dataclasses.replace(thresholds, check_busy=True)
     monitor = HealthMonitor(thresholds)
     providers = None
     if args.exporter not in (None, "none") or (
         args.exporter is None and os.environ.get("OTEL_LOGS_EXPORTER", "none") != "none"
     ):
         providers = _log_providers(args.exporter)
-    with _manager(settings) as manager:
+    manager = _manager(args, settings)
+    if args.check_busy:
+        manager.enable("processes")
+    with manager:
         inv = manager.inventory
         if providers is not None:
             from otel_gpu.otel.bridge import EventLogger

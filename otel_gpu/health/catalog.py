@@ -111,10 +111,26 @@ CATALOG: tuple[EventSpec, ...] = (
         ("accel.throttle.reason",),
     ),
     EventSpec(
+        "accel.device.busy",
+        _S.ERROR,
+        _H.DEGRADED,
+        "processes hold the device, or its memory is in use, when it should be free "
+        "(health --check-busy: Slurm prolog/epilog)",
+        ("accel.process.count", "hw.gpu.memory.utilization"),
+    ),
+    EventSpec(
+        "accel.firmware.mismatch",
+        _S.WARN,
+        _H.OK,
+        "devices of the same model run different firmware (VBIOS) versions",
+        ("hw.model", "accel.firmware.versions"),
+    ),
+    EventSpec(
         "accel.telemetry.degraded",
         _S.WARN,
         _H.DEGRADED,
-        "a device could not be read (backend error, timeout) for several sweeps",
+        "a device could not be read (backend error) for several sweeps, or a vendor call "
+        "hung past the sweep deadline",
         ("error.message",),
     ),
     EventSpec(

@@ -48,6 +48,8 @@ class HealthThresholds:
     reemit_s: float = 300.0
     xid_hold_s: float = 600.0
     degraded_after_sweeps: int = 3
+    check_busy: bool = False
+    busy_memory_ratio: float = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +271,7 @@ class HealthMonitor:
                         "accel.device.count": len(present),
                     },
                 )
+        yield from _firmware_mismatch(inv)
         for sample in snap.samples:
             dev = devices.get(sample.device_id)
             if dev is None:
@@ -279,6 +282,23 @@ class HealthMonitor:
 
 
 _SNAPSHOT_CHECKS = frozenset(e.name for e in catalog.CATALOG) - {"nvidia.xid"}
+
+
+def _firmware_mismatch(inv: Inventory) -> Iterator[Finding]:
+    """Devices of one model on one node should run one firmware (VBIOS) version."""
+    by_model: dict[str, set[str]] = {}
+    for dev in inv.physical():
+        if dev.firmware_version:
+            by_model.setdefault(dev.model, set()).add(dev.firmware_version)
+    for model, versions in sorted(by_model.items()):
+        if len(versions) > 1:
+            listed = ", ".join(sorted(versions))
+            yield _finding(
+                "accel.firmware.mismatch",
+                None,
+                f"{model}: devices run different firmware versions ({listed})",
+                {"hw.model": model, "accel.firmware.versions": listed},
+            )
 
 
 def _label(dev: DeviceInfo | None, fallback: str) -> str:
@@ -294,6 +314,17 @@ def _device_checks(
 ) -> Iterator[Finding]:
     label = _label(dev, dev.id)
     p = prev[1] if prev else None
+    if th.check_busy and dev.parent_id is None:
+        procs = len(s.processes or ())
+        used = s.memory_utilization_ratio
+        if procs or (used is not None and used > th.busy_memory_ratio):
+            yield _finding(
+                "accel.device.busy",
+                dev,
+                f"{label}: {procs} process(es) running, "
+                f"{(used or 0.0) * 100:.1f}% of memory in use",
+                {"accel.process.count": procs, "hw.gpu.memory.utilization": round(used or 0.0, 4)},
+            )
     if s.ecc_uncorrected_total:
         # First sight of a non-zero count: all of it is new to us.
         delta = s.ecc_uncorrected_total - (p.ecc_uncorrected_total or 0 if p else 0)

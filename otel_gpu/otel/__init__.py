@@ -2,7 +2,6 @@
 
 from otel_gpu.otel.bridge import EventLogger, GpuTelemetry, SnapshotCache, device_attributes
 from otel_gpu.otel.metrics import METRICS, Instrument, MetricSpec
-from otel_gpu.otel.providers import EXPORTER_CHOICES, Providers, build_providers
 from otel_gpu.otel.resource import build_resource, host_attributes, topology_attributes
 
 __all__ = [
@@ -20,3 +19,13 @@ __all__ = [
     "host_attributes",
     "topology_attributes",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # providers imports the SDK's logs module, whose import runs the resource detectors
+    # (ours included): load it on first use only.
+    if name in ("EXPORTER_CHOICES", "Providers", "build_providers"):
+        from otel_gpu.otel import providers
+
+        return getattr(providers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -215,7 +215,9 @@ class GpuTelemetry:
         self.monitor.process(self.inventory, snapshot)
 
     def shutdown(self) -> None:
-        """Stop events and close the backends (the providers belong to the caller)."""
+        """Stop events and close the backends (the providers belong to the caller; the
+        instruments stay registered but report nothing more)."""
+        self._started = False
         self.manager.close()
 
     def _register(self, meter: Meter, spec: MetricSpec) -> object:
@@ -235,6 +237,8 @@ class GpuTelemetry:
         failed: set[str] = set()
 
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if not self._started:
+                return []
             snapshot = self.cache.get()
             devices = self.inventory.by_id()
             out: list[Observation] = []
@@ -257,6 +261,8 @@ class GpuTelemetry:
         return observe
 
     def _status(self, _options: CallbackOptions) -> Iterable[Observation]:
+        if not self._started:
+            return []
         self.cache.get()
         out: list[Observation] = []
         for dev in self.inventory.devices:

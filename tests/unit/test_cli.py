@@ -247,3 +247,13 @@ def test_sdk_disabled_exports_nothing() -> None:
     assert result.returncode == 0
     assert result.stdout == ""
     assert "OTEL_SDK_DISABLED" in result.stderr
+
+
+def test_health_check_busy_for_a_slurm_prolog() -> None:
+    idle = otel_gpu(
+        "health", "--backend", "simulated:idle=true", "--check-busy", "--format", "nagios"
+    )
+    assert idle.returncode == 0, idle.stdout + idle.stderr
+    busy = otel_gpu("health", "--backend", "simulated", "--check-busy", "--format", "nagios")
+    assert busy.returncode == 2
+    assert "process(es) running" in busy.stdout

@@ -396,3 +396,49 @@ def test_sdk_disabled_exits_0_quickly_and_exports_nothing() -> None:
         assert elapsed < 20  # did not wait for a signal: it never started collecting
         assert not rx.wait_for(lambda r: r.received, timeout=1)
     assert "OTEL_SDK_DISABLED" in proc.stderr
+
+
+# -- examples/env ---------------------------------------------------------------------------------
+
+ENV_FILES = sorted((Path(__file__).resolve().parents[2] / "examples" / "env").glob("*.env"))
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, sep, value = line.partition("=")
+            assert sep and name == name.strip() and not value.startswith(("'", '"')), line
+            env[name] = value
+    return env
+
+
+def test_there_are_env_examples() -> None:
+    assert {p.name for p in ENV_FILES} >= {
+        "datadog-agent.env",
+        "honeycomb.env",
+        "grafana-cloud.env",
+        "prometheus.env",
+    }
+
+
+@pytest.mark.parametrize("path", ENV_FILES, ids=lambda p: p.name)
+def test_env_example_is_valid_for_otel_gpu_and_the_sdk(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = _read_env_file(path)
+    assert all(name.startswith("OTEL_") for name in env)
+    Settings.from_env(env)  # our variables and the standard checks
+    if env.get("OTEL_METRICS_EXPORTER") == "prometheus":
+        return
+    for name in [n for n in os.environ if n.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
+            OTLPMetricExporter,
+        )
+    OTLPMetricExporter().shutdown()  # the SDK builds its exporter from these variables

@@ -204,3 +204,31 @@ def test_the_catalog_names_are_unique_and_namespaced() -> None:
     names = [c.name for c in CATALOG]
     assert len(names) == len(set(names))
     assert all(n.startswith(("accel.", "nvidia.")) for n in names)
+
+
+def test_busy_check_fires_on_a_loaded_node_and_not_on_an_idle_one() -> None:
+    monitor, events, _ = _run("count=2", check_busy=True)
+    assert [e.name for e in events] == ["accel.device.busy"] * 2
+    assert events[0].attributes["accel.process.count"] == 1
+    _, idle_events, _ = _run("count=2,idle=true", check_busy=True)
+    assert idle_events == []
+    _, off, _ = _run("count=2")  # off unless asked for (prolog/epilog use)
+    assert off == []
+
+
+def test_firmware_mismatch_across_devices_of_one_model() -> None:
+    from otel_gpu.hal import DeviceInfo, Inventory, Snapshot
+
+    def dev(i: int, fw: str, model: str = "H100") -> DeviceInfo:
+        return DeviceInfo(
+            index=i, id=f"d{i}", vendor="nvidia", model=model, backend="b", firmware_version=fw
+        )
+
+    monitor = HealthMonitor()
+    same = Inventory((dev(0, "96.00.99"), dev(1, "96.00.99"), dev(2, "90.1", "A100")))
+    assert monitor.process(same, Snapshot(1)) == []
+    mixed = Inventory((dev(0, "96.00.99"), dev(1, "96.00.74"), dev(2, "90.1", "A100")))
+    events = HealthMonitor().process(mixed, Snapshot(1))
+    assert [e.name for e in events] == ["accel.firmware.mismatch"]
+    assert events[0].attributes["accel.firmware.versions"] == "96.00.74, 96.00.99"
+    assert events[0].severity is Severity.WARN

@@ -266,9 +266,10 @@ class SimulatedBackend:
 
     def _sample_device(self, dev: DeviceInfo, dt: float) -> DeviceSample:
         spec = self.spec
-        util = self._wave(dev, 3.0)
+        util = 0.0 if spec.idle else self._wave(dev, 3.0)
         total = dev.memory_total_bytes or 0
-        used = int(total * (0.35 + 0.5 * self._wave(dev, 7.0, 1.0)))
+        busy_memory = 0.35 + 0.5 * self._wave(dev, 7.0, 1.0)
+        used = int(total * (0.001 if spec.idle else busy_memory))
         limit = spec.power_limit_w
         power = None if limit is None else round(limit * (0.12 + 0.8 * util), 3)
         energy = None
@@ -344,9 +345,9 @@ class SimulatedBackend:
             retired_rows=retired if spec.vendor in ("nvidia", "amd") else {},
             links=links,
             engines=engines,
-            processes=(
-                ProcessSample(pid=4242 + dev.index, memory_used_bytes=used // 2, name="python"),
-            ),
+            processes=()
+            if spec.idle
+            else (ProcessSample(pid=4242 + dev.index, memory_used_bytes=used // 2, name="python"),),
         )
 
     def _sample_mig(self, dev: DeviceInfo) -> DeviceSample:

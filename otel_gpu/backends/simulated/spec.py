@@ -9,7 +9,8 @@ Spec string: comma-separated ``key=value`` items, a preset name, or a JSON file 
     simulated:/etc/otel-gpu/node.json          the same keys as a JSON object
 
 Keys: ``count`` (1..1024), ``vendor`` (nvidia, amd, intel, tpu, neuron), ``model``,
-``memory_gib``, ``power_limit_w``, ``topology`` (nvswitch, mesh, pcie), ``mig``
+``memory_gib``, ``power_limit_w``, ``topology`` (nvswitch, mesh, pcie), ``idle`` (true: no
+load, no processes: a node waiting for a job), ``mig``
 (``<device>:<instances>``, several joined with ``/``), ``seed``, ``faults``.
 Faults are ``<kind>@<device>[:<cycle>]`` joined with ``;`` (JSON: a list); the cycle is the
 sweep number (0 = first) at which the fault starts. Kinds: ``lost`` (device lost), ``recover``
@@ -100,6 +101,7 @@ class SimSpec:
     mig: dict[int, int] = field(default_factory=dict)
     seed: int = 0
     faults: tuple[Fault, ...] = ()
+    idle: bool = False
 
     @property
     def preset(self) -> VendorPreset:
@@ -160,6 +162,7 @@ def _from_mapping(items: dict[str, Any]) -> SimSpec:
         "mig",
         "seed",
         "faults",
+        "idle",
     }
     unknown = sorted(set(items) - known)
     if unknown:
@@ -197,7 +200,19 @@ def _from_mapping(items: dict[str, Any]) -> SimSpec:
         mig=mig,
         seed=_int("seed", items.get("seed", 0), 0, 2**31),
         faults=faults,
+        idle=_bool("idle", items.get("idle", False)),
     )
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no"):
+        return False
+    raise ConfigError(SETTING, f"{key}={value!r} is not a boolean", "true, false")
 
 
 def parse_spec(text: str | None) -> SimSpec:
