@@ -104,6 +104,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "true). `otel-gpu run` always reports the node.",
     ),
     EnvVar(
+        "OTEL_GPU_SWEEP_TIMEOUT",
+        "5",
+        "seconds > 0",
+        "Deadline of one sweep: a vendor call stuck longer (a wedged driver) leaves the devices "
+        "not yet read as failed and fires `accel.telemetry.degraded`; the rest goes out.",
+    ),
+    EnvVar(
         "OTEL_GPU_EXPECTED_DEVICES",
         "unset",
         "an integer >= 0",
@@ -246,6 +253,7 @@ class Settings:
     processes: bool = False
     scope: str = "node"
     log_level: str = "warning"
+    sweep_timeout_s: float = 5.0
     health: HealthThresholds = field(default_factory=HealthThresholds)
 
     @classmethod
@@ -283,6 +291,7 @@ class Settings:
             log_level=get(
                 "OTEL_GPU_LOG_LEVEL", _choice("debug", "info", "warning", "error"), "warning"
             ),
+            sweep_timeout_s=get("OTEL_GPU_SWEEP_TIMEOUT", _positive_float, 5.0),
             health=HealthThresholds(
                 expected_devices=get("OTEL_GPU_EXPECTED_DEVICES", _nonneg_int, None),
                 pcie_replay_rate=get("OTEL_GPU_PCIE_REPLAY_RATE", _nonneg_float, 1.0),

@@ -29,7 +29,10 @@ NAGIOS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
 def _manager(args: argparse.Namespace, settings: Settings) -> DeviceManager:
     setting = "--backend" if getattr(args, "backend", None) else "OTEL_GPU_BACKEND"
     return DeviceManager.from_selector(
-        settings.backend, device_filter=settings.devices, setting=setting
+        settings.backend,
+        device_filter=settings.devices,
+        setting=setting,
+        sweep_timeout_s=settings.sweep_timeout_s,
     )
 
 

@@ -130,6 +130,7 @@ class DeviceManager:
         registry: Registry | None = None,
         device_filter: DeviceFilter | None = None,
         setting: str = "--backend",
+        sweep_timeout_s: float = 5.0,
     ) -> DeviceManager:
         """Build a manager from a ``--backend`` value (``auto``, ``nvml,amd``, ``simulated:...``).
 
@@ -142,7 +143,7 @@ class DeviceManager:
         if "auto" in names:
             if len(selectors) > 1:
                 raise ConfigError(setting, "'auto' cannot be combined with other backends")
-            return cls(select_auto(registry), device_filter)
+            return cls(select_auto(registry), device_filter, sweep_timeout_s=sweep_timeout_s)
         backends: list[Backend] = []
         for selector in selectors:
             backend = registry.create(selector)
@@ -150,7 +151,7 @@ class DeviceManager:
             if not probe.available:
                 raise BackendUnavailable(str(selector), probe.reason)
             backends.append(backend)
-        return cls(backends, device_filter)
+        return cls(backends, device_filter, sweep_timeout_s=sweep_timeout_s)
 
     @property
     def backends(self) -> list[Backend]:

@@ -159,7 +159,10 @@ def _build_manager(settings: Settings) -> DeviceManager:
         else DeviceManager
     )
     return factory.from_selector(
-        settings.backend, device_filter=settings.device_filter(), setting="OTEL_GPU_BACKEND"
+        settings.backend,
+        device_filter=settings.device_filter(),
+        setting="OTEL_GPU_BACKEND",
+        sweep_timeout_s=settings.sweep_timeout_s,
     )
 
 
