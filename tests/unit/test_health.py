@@ -207,7 +207,7 @@ def test_the_catalog_names_are_unique_and_namespaced() -> None:
 
 
 def test_busy_check_fires_on_a_loaded_node_and_not_on_an_idle_one() -> None:
-    monitor, events, _ = _run("count=2", check_busy=True)
+    _, events, _ = _run("count=2", check_busy=True)
     assert [e.name for e in events] == ["accel.device.busy"] * 2
     assert events[0].attributes["accel.process.count"] == 1
     _, idle_events, _ = _run("count=2,idle=true", check_busy=True)
