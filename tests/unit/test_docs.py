@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_readme_tables_are_current() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts/gen-docs"), "--check"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
 
