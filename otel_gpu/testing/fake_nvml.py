@@ -372,7 +372,22 @@ def _expand_links(value: Any, where: str) -> list[str]:
     return links
 
 
+def _mapping(data: Any, where: str) -> dict[str, Any]:
+    """``data`` as a dict, or a ScenarioError saying an object was expected."""
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{where}: expected an object, got {type(data).__name__}")
+    return dict(data)
+
+
+def _list(data: Any, where: str) -> list[Any]:
+    """``data`` as a list, or a ScenarioError saying a list was expected."""
+    if not isinstance(data, list):
+        raise ScenarioError(f"{where}: expected a list, got {type(data).__name__}")
+    return data
+
+
 def _check_keys(cls: type[Any], data: Mapping[str, Any], where: str) -> None:
+    _mapping(data, where)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -759,11 +774,17 @@ class Scenario:
         with ``gpus[i]`` (if present), then with ``overrides[str(i)]``. Updates are shallow: a
         key replaces the template's value.
         """
-        data = dict(data)
+        data = _mapping(data, "scenario")
         template = data.pop("template", None)
-        gpu_list = data.pop("gpus", [])
-        per_index = data.pop("per_index", {})
-        overrides = data.pop("overrides", {})
+        if template is not None:
+            template = _mapping(template, "template")
+        gpu_list = [
+            _mapping(g, f"gpus[{i}]") for i, g in enumerate(_list(data.pop("gpus", []), "gpus"))
+        ]
+        per_index = _mapping(data.pop("per_index", {}), "per_index")
+        overrides = _mapping(data.pop("overrides", {}), "overrides")
+        for key, value in overrides.items():
+            _mapping(value, f"overrides.{key}")
         count = data.pop("count", None)
         count = _to_int(count, "count") if count is not None else None
         if count is None:
@@ -788,10 +809,12 @@ class Scenario:
         kwargs: dict[str, Any] = dict(data)
         kwargs["gpus"] = gpus
         kwargs["events"] = [
-            EventSpec.from_dict(e, f"events[{k}]") for k, e in enumerate(data.get("events", []))
+            EventSpec.from_dict(e, f"events[{k}]")
+            for k, e in enumerate(_list(data.get("events", []), "events"))
         ]
         kwargs["faults"] = [
-            FaultSpec.from_dict(e, f"faults[{k}]") for k, e in enumerate(data.get("faults", []))
+            FaultSpec.from_dict(e, f"faults[{k}]")
+            for k, e in enumerate(_list(data.get("faults", []), "faults"))
         ]
         for key in ("seed", "cuda_driver_version", "nvswitch_pci_device_id", "max_field_id"):
             if key in kwargs:
