@@ -141,6 +141,67 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "Health: failed sweeps of a device in a row before `accel.telemetry.degraded` fires.",
     ),
     EnvVar(
+        "OTEL_GPU_ATTRIBUTION",
+        "none",
+        "none, or kubernetes, slurm, process separated by ,",
+        "Workload attribution (opt-in): `kubernetes` puts the pod holding a device "
+        "(k8s.namespace.name, k8s.pod.name, k8s.pod.uid, k8s.container.name) on its points, "
+        "from the kubelet PodResources API; `slurm` the job (slurm.job.id, slurm.job.user, "
+        "slurm.job.partition, slurm.job.name), from the processes' cgroups and environment and "
+        "from OTEL_GPU_SLURM_JOB_MAP_DIR; `process` adds per-process series "
+        "(`accel.workload.memory.usage`, `accel.workload.utilization`) attributed through "
+        "/proc/<pid>/cgroup. Any of them adds `accel.workload.energy` per pod or job.",
+    ),
+    EnvVar(
+        "OTEL_GPU_KUBELET_SOCKET",
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "a unix socket path",
+        "The kubelet PodResources socket (mount /var/lib/kubelet/pod-resources into the "
+        "agent's pod, the directory rather than the socket, so that a kubelet restart is seen).",
+    ),
+    EnvVar(
+        "OTEL_GPU_SLURM_JOB_MAP_DIR",
+        "unset",
+        "a directory",
+        "A prolog-written GPU-to-job mapping directory in dcgm-exporter's "
+        "`--hpc-job-mapping-dir` layout: one file per GPU, named by its index (or its "
+        "UUID), holding the job ids on that GPU, one per line.",
+    ),
+    EnvVar(
+        "OTEL_GPU_ATTRIBUTION_REFRESH",
+        "10",
+        "seconds >= 0.2",
+        "How often the kubelet, the job mapping directory and the pod log directory are "
+        "read again (on a background thread, never during a collection).",
+    ),
+    EnvVar(
+        "OTEL_GPU_ATTRIBUTION_MAX_PROCESSES",
+        "64",
+        "an integer >= 1",
+        "Per device, the most processes that get their own series with "
+        "OTEL_GPU_ATTRIBUTION=process (those using the most memory; a warning once when hit).",
+    ),
+    EnvVar(
+        "OTEL_GPU_HOST_ROOT",
+        "/",
+        "a directory",
+        "Where the host's file system is seen: /proc, /sys (PCI devices, cgroups, DRM), /dev "
+        "and /var/log/pods are read under it (e.g. `/host` when the agent runs in a container "
+        "with the host's / mounted there, and hostPID).",
+    ),
+    EnvVar(
+        "OTEL_GPU_TPU_METRICS_ADDR",
+        "localhost:8431",
+        "host:port (loopback)",
+        "libtpu's runtime metric service, read by the `tpu` backend while a workload runs.",
+    ),
+    EnvVar(
+        "OTEL_GPU_NEURON_MONITOR",
+        "neuron-monitor (PATH, then /opt/aws/neuron/bin)",
+        "a command name or path",
+        "The `neuron-monitor` the `neuron` backend runs; `neuron-ls` is looked for beside it.",
+    ),
+    EnvVar(
         "OTEL_GPU_LOG_LEVEL",
         "warning",
         "debug, info, warning, error",

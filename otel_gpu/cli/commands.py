@@ -48,10 +48,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if _sdk_disabled():
         _log.warning("OTEL_SDK_DISABLED=true: telemetry is disabled, nothing to do")
         return 0
+    from otel_gpu.attribution import Attribution
     from otel_gpu.otel.bridge import GpuTelemetry
     from otel_gpu.otel.providers import build_providers
     from otel_gpu.otel.resource import build_resource
 
+    attribution = Attribution.from_env()
     manager = _manager(args, settings)
     inventory = manager.open()
     try:
@@ -67,12 +69,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         attributes=settings.attributes,
         features=frozenset({"processes"}) if settings.processes else frozenset(),
         monitor=HealthMonitor(settings.health),
+        attribute_sources=attribution.attribute_sources,
     )
     stop = threading.Event()
     previous = {
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
     }
     try:
+        attribution.start(telemetry, providers.meter_provider)
         telemetry.start()
         _log.info(
             "collecting %d devices every %gs; metrics -> %s, logs -> %s",
@@ -92,6 +96,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _shutdown(providers, telemetry)
+        attribution.close()
     return 0
 
 

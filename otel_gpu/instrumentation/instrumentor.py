@@ -23,6 +23,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
     BaseInstrumentor,
 )
 
+from otel_gpu.attribution import Attribution
 from otel_gpu.config import Settings, sdk_disabled
 from otel_gpu.errors import BackendUnavailable
 from otel_gpu.hal.manager import DeviceManager
@@ -47,6 +48,7 @@ class GpuInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """
 
     _telemetry: GpuTelemetry | None = None
+    _attribution: Attribution | None = None
     _starter: threading.Thread | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -92,6 +94,7 @@ class GpuInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
         def start() -> None:
             try:
+                attribution = self._attribution = Attribution.from_env()
                 telemetry = GpuTelemetry(
                     manager or _build_manager(settings),
                     meter_provider,
@@ -100,8 +103,10 @@ class GpuInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                     attributes=settings.attributes,
                     features=frozenset({"processes"}) if settings.processes else frozenset(),
                     monitor=HealthMonitor(settings.health),
+                    attribute_sources=attribution.attribute_sources,
                 )
                 self._telemetry = telemetry
+                attribution.start(telemetry, meter_provider)
                 telemetry.start()
                 _log.info(
                     "otel-gpu: reporting %d devices (%s scope)",
@@ -130,6 +135,9 @@ class GpuInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         telemetry, self._telemetry = self._telemetry, None
         if telemetry is not None:
             telemetry.shutdown()
+        attribution, self._attribution = self._attribution, None
+        if attribution is not None:
+            attribution.close()
 
 
 class _OwnProcessesManager(DeviceManager):
