@@ -453,7 +453,7 @@ class Attribution:
     # -- instruments -------------------------------------------------------------------------
 
     def _register(self, meter_provider: MeterProvider) -> None:
-        from otel_gpu.attribution._otel import register
+        from otel_gpu.otel.workload import register
 
         self._instruments = register(
             meter_provider,

@@ -239,17 +239,15 @@ def health(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _log_providers(exporter: str | None) -> Any:
-    from opentelemetry.sdk.metrics import MeterProvider
-
-    from otel_gpu.otel.providers import Providers, build_providers
+    """Providers for the health events only (metrics go nowhere)."""
+    from otel_gpu.otel.providers import build_providers
     from otel_gpu.otel.resource import build_resource
 
     env = dict(os.environ)
     if exporter is not None:
         env["OTEL_LOGS_EXPORTER"] = exporter
     env["OTEL_METRICS_EXPORTER"] = "none"
-    built = build_providers(build_resource(Inventory()), 10.0, env=env)
-    return Providers(MeterProvider(), built.logger_provider, [], built.log_exporters)
+    return build_providers(build_resource(Inventory()), 10.0, env=env)
 
 
 def _print_health(fmt: str, code: int, inv: Inventory, findings: list[Any]) -> None:

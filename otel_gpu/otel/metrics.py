@@ -311,6 +311,19 @@ def markdown_table() -> str:
         "| `hw.status` | UpDownCounter | `1` | hw.state | 1 for the device's current health state, "
         "0 for the others (ok, degraded, failed, predicted_failure). |"
     )
+    rows.extend(
+        [
+            "| `accel.workload.energy` | Counter | `J` | k8s.pod.*, k8s.namespace.name or "
+            "slurm.job.* | Energy spent by a pod or job on the devices it held (opt-in: "
+            "OTEL_GPU_ATTRIBUTION). |",
+            "| `accel.workload.memory.usage` | UpDownCounter | `By` | process.pid, k8s.*/slurm.* | "
+            "Device memory of a process, attributed to its pod or job (opt-in: "
+            "OTEL_GPU_ATTRIBUTION=process). |",
+            "| `accel.workload.utilization` | Gauge | `1` | process.pid, k8s.*/slurm.* | "
+            "Device utilization of a process where the vendor gives it (opt-in: "
+            "OTEL_GPU_ATTRIBUTION=process). |",
+        ]
+    )
     return "\n".join(rows)
 
 

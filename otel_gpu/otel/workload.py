@@ -1,6 +1,6 @@
-"""The ``accel.workload.*`` instruments, on the same meter scope as the device metrics.
-
-The only module of :mod:`otel_gpu.attribution` that imports ``opentelemetry``.
+"""The ``accel.workload.*`` instruments of :mod:`otel_gpu.attribution`, on the same meter scope
+as the device metrics (the OpenTelemetry side of attribution lives here, with the rest of the
+bridge).
 """
 
 from __future__ import annotations
