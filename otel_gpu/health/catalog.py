@@ -141,6 +141,20 @@ CATALOG: tuple[EventSpec, ...] = (
         ("nvidia.xid.code", "nvidia.xid.class", "nvidia.xid.action"),
     ),
     EventSpec(
+        "amd.gpu.reset",
+        _S.ERROR,
+        _H.DEGRADED,
+        "the AMD driver reset the GPU (an OK event with the same name follows when it is done)",
+        ("amd.event.message",),
+    ),
+    EventSpec(
+        "amd.vm_fault",
+        _S.INFO,
+        _H.OK,
+        "a GPU virtual memory fault: a workload touched memory it does not own",
+        ("amd.event.message",),
+    ),
+    EventSpec(
         "accel.device.recovered",
         _S.INFO,
         _H.OK,

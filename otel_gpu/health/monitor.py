@@ -36,7 +36,7 @@ _STATE_RANK = {
     HealthState.FAILED: 3,
 }
 THERMAL_REASONS = frozenset({"thermal", "sw_thermal", "hw_thermal", "hw_slowdown"})
-POWER_REASONS = frozenset({"power", "sw_power", "hw_power_brake"})
+POWER_REASONS = frozenset({"power", "sw_power", "hw_power_brake", "current_limit"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +144,10 @@ class HealthMonitor:
         if not event.timestamp_ns:
             event = dataclasses.replace(event, timestamp_ns=time.time_ns())
         with self._lock:
-            if event.state is not HealthState.OK:
+            if event.state is HealthState.OK:
+                # The driver said the condition is over (a GPU reset completed): clear it.
+                self._active.pop((event.name, event.device_id), None)
+            else:
                 key = (event.name, event.device_id)
                 previous = self._active.get(key)
                 if previous is None or _STATE_RANK[event.state] >= _STATE_RANK[previous.state]:
@@ -409,7 +412,8 @@ def _device_checks(
                     {"accel.link.index": link.index, "error.delta": delta},
                 )
     reasons = s.throttle_reasons or frozenset()
-    gpu_temp = s.temperatures_c.get("gpu")
+    # MI300 has no edge ("gpu") sensor: judge its hotspot against the threshold instead.
+    gpu_temp = s.temperatures_c.get("gpu", s.temperatures_c.get("hotspot"))
     hot = (
         gpu_temp is not None
         and dev.temperature_slowdown_c is not None
