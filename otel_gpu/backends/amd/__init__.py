@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from otel_gpu.backends._common import LostState, sample_by_sweep
 from otel_gpu.backends.amd._lib import AmdCallError, AmdSmi, handle_address, na
 from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
 from otel_gpu.hal.model import (
@@ -157,9 +158,7 @@ class _Device:
     memory_partitioned: bool = False
     residency: dict[str, float] = field(default_factory=dict)
     slow: dict[str, Any] = field(default_factory=dict)
-    lost_reason: str | None = None
-    retry_at: float = 0.0
-    backoff_s: float = 0.0
+    lost: LostState = field(default_factory=LostState)
     broken_reason: str | None = None  # unreadable since inventory (not lost): keeps failing
 
 
@@ -310,7 +309,7 @@ class AmdBackend:
             d.info.pci_bus_id: d.info.index for d in self._devices if d.info.pci_bus_id
         }
         for dev in self._devices:
-            if dev.lost_reason is None and dev.broken_reason is None:
+            if not dev.lost.lost and dev.broken_reason is None:
                 links = self._links(dev, by_bus)
                 dev.info = dataclasses.replace(dev.info, links=links)
                 dev.ports = tuple(link.index for link in links)
@@ -324,7 +323,7 @@ class AmdBackend:
                 children.append(child.info)
                 next_index += 1
         versions: dict[str, str] = {}
-        first = next((d for d in self._devices if d.lost_reason is None), None)
+        first = next((d for d in self._devices if not d.lost.lost), None)
         if first is not None:
             driver = s.try_call("amdsmi_get_gpu_driver_info", first.handle, device=first.info.id)
             if driver and _text(driver.get("driver_version")):
@@ -491,7 +490,7 @@ class AmdBackend:
             return tuple(links)
         # No per-port metrics: one link per directly connected peer, from the KFD topology.
         for peer in self._devices:
-            if peer is dev or peer.lost_reason is not None or peer.broken_reason is not None:
+            if peer is dev or peer.lost.lost or peer.broken_reason is not None:
                 continue
             kind = s.try_call(
                 "amdsmi_topo_get_link_type", h, peer.handle, device=uuid, quantity="link_type"
@@ -516,13 +515,7 @@ class AmdBackend:
 
     def sample(self) -> Snapshot:
         """One sweep of every GPU (and partition)."""
-        items: list[DeviceSample | DeviceFailure] = []
-        self.sweep(items.append)
-        return Snapshot(
-            time.time_ns(),
-            tuple(i for i in items if isinstance(i, DeviceSample)),
-            tuple(i for i in items if isinstance(i, DeviceFailure)),
-        )
+        return sample_by_sweep(self.sweep)
 
     def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
         """One sweep, reporting each device (sample or failure) as soon as it is read."""
@@ -536,8 +529,8 @@ class AmdBackend:
                 for item in self._failures(dev, dev.broken_reason, lost=False):
                     emit(item)
                 continue
-            if dev.lost_reason is not None and not self._retry_lost(dev, now):
-                for item in self._failures(dev, dev.lost_reason, lost=True):
+            if dev.lost.lost and not self._retry_lost(dev, now):
+                for item in self._failures(dev, dev.lost.reason or "lost", lost=True):
                     emit(item)
                 continue
             try:
@@ -558,23 +551,18 @@ class AmdBackend:
         ]
 
     def _mark_lost(self, dev: _Device, reason: str, now: float) -> None:
-        if dev.lost_reason is None:
-            _log.warning("%s (%s) is lost: %s", dev.info.name, dev.info.id, reason)
-        dev.lost_reason = reason
-        dev.backoff_s = min(300.0, max(5.0, dev.backoff_s * 2))
-        dev.retry_at = now + dev.backoff_s
+        dev.lost.mark(f"{dev.info.name} ({dev.info.id})", reason, now)
 
     def _retry_lost(self, dev: _Device, now: float) -> bool:
         """Ask a lost GPU again when its backoff has passed; True when it answers."""
-        if now < dev.retry_at:
+        if not dev.lost.due(now):
             return False
         try:
             self.smi.call("amdsmi_get_gpu_device_uuid", dev.handle, device=dev.info.id)
         except (DeviceLost, AmdCallError) as err:
             self._mark_lost(dev, str(err), now)
             return False
-        _log.warning("%s (%s) answers again", dev.info.name, dev.info.id)
-        dev.lost_reason, dev.backoff_s = None, 0.0
+        dev.lost.recovered(f"{dev.info.name} ({dev.info.id})")
         dev.residency.clear()
         return True
 
@@ -781,7 +769,7 @@ class AmdBackend:
         handles: dict[int, str] = {}
         readers: list[Any] = []
         for dev in self._devices:
-            if dev.lost_reason is not None or dev.broken_reason is not None:
+            if dev.lost.lost or dev.broken_reason is not None:
                 continue
             pairs = [(dev.handle, dev.info.id)] + [
                 (c.handle, dev.info.id) for c in dev.children if c.handle is not dev.handle

@@ -19,6 +19,7 @@ import logging
 import threading
 from typing import Any
 
+from otel_gpu.backends._common import UnsupportedCache
 from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
 
 __all__ = ["NA", "AmdCallError", "AmdSmi", "handle_address", "load", "na"]
@@ -97,13 +98,13 @@ def error_code(err: BaseException) -> int | None:
     return int(code) if isinstance(code, int) else None
 
 
-class AmdSmi:
+class AmdSmi(UnsupportedCache):
     """A handle on the amdsmi library: init/shutdown and the call chokepoint."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.mod: Any = None
         self._started = False
-        self._unsupported: set[tuple[str, str]] = set()
         self._codes: dict[str, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -160,17 +161,6 @@ class AmdSmi:
     def code(self, name: str) -> int:
         """The numeric ``AMDSMI_STATUS_<name>``."""
         return self._codes.get(name, STATUS[name])
-
-    def supported(self, device: str, quantity: str) -> bool:
-        """False once ``quantity`` was found unsupported on ``device``."""
-        return (device, quantity) not in self._unsupported
-
-    def unsupported(self, device: str, quantity: str, why: str) -> None:
-        """Remember (and log once) that ``quantity`` is not available on ``device``."""
-        key = (device, quantity)
-        if key not in self._unsupported:
-            self._unsupported.add(key)
-            _log.info("%s: %s not available (%s); not asked again", device, quantity, why)
 
     def call(self, function: str, *args: Any, device: str = "", quantity: str = "") -> Any:
         """Call ``amdsmi.<function>(*args)``.

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from otel_gpu.backends._common import LostState, sample_by_sweep
 from otel_gpu.backends.intel._lib import RasProperties, RasState, Zes, ZesCallError
 from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
 from otel_gpu.hal.model import (
@@ -160,9 +161,7 @@ class _Card:
     pci_replays: bool = False
     prev: dict[tuple[str, int], _Counter] = field(default_factory=dict)
     slow: dict[str, Any] = field(default_factory=dict)
-    lost_reason: str | None = None
-    retry_at: float = 0.0
-    backoff_s: float = 0.0
+    lost: LostState = field(default_factory=LostState)
     inventoried: bool = True  # False: unreadable at open, a placeholder with no components
     broken_reason: str | None = None  # unreadable (not lost) since open: keeps failing
 
@@ -478,13 +477,7 @@ class IntelBackend:
 
     def sample(self) -> Snapshot:
         """One sweep of every card (and tile)."""
-        items: list[DeviceSample | DeviceFailure] = []
-        self.sweep(items.append)
-        return Snapshot(
-            time.time_ns(),
-            tuple(i for i in items if isinstance(i, DeviceSample)),
-            tuple(i for i in items if isinstance(i, DeviceFailure)),
-        )
+        return sample_by_sweep(self.sweep)
 
     def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
         """One sweep, reporting each device (sample or failure) as soon as it is read."""
@@ -498,8 +491,8 @@ class IntelBackend:
                 for item in self._failures(card, card.broken_reason, lost=False):
                     emit(item)
                 continue
-            if card.lost_reason is not None and not self._retry_lost(card, now):
-                for item in self._failures(card, card.lost_reason, lost=True):
+            if card.lost.lost and not self._retry_lost(card, now):
+                for item in self._failures(card, card.lost.reason or "lost", lost=True):
                     emit(item)
                 continue
             try:
@@ -520,15 +513,11 @@ class IntelBackend:
         ]
 
     def _mark_lost(self, card: _Card, reason: str, now: float) -> None:
-        if card.lost_reason is None:
-            _log.warning("%s (%s) is lost: %s", card.info.name, card.info.id, reason)
-        card.lost_reason = reason
-        card.backoff_s = min(300.0, max(5.0, card.backoff_s * 2))
-        card.retry_at = now + card.backoff_s
+        card.lost.mark(f"{card.info.name} ({card.info.id})", reason, now)
 
     def _retry_lost(self, card: _Card, now: float) -> bool:
         """Ask a lost card again when its backoff has passed; True when it answers."""
-        if now < card.retry_at or not card.inventoried:
+        if not card.lost.due(now) or not card.inventoried:
             return False
         props = self.zes.struct("zes_device_properties_t", "ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES")
         try:
@@ -538,8 +527,7 @@ class IntelBackend:
         except (DeviceLost, ZesCallError) as err:
             self._mark_lost(card, str(err), now)
             return False
-        _log.warning("%s (%s) answers again", card.info.name, card.info.id)
-        card.lost_reason, card.backoff_s = None, 0.0
+        card.lost.recovered(f"{card.info.name} ({card.info.id})")
         card.prev.clear()
         return True
 

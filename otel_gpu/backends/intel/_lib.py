@@ -20,6 +20,7 @@ import logging
 import threading
 from typing import Any
 
+from otel_gpu.backends._common import UnsupportedCache
 from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
 
 __all__ = ["RESULT", "RasProperties", "RasState", "Zes", "ZesCallError", "load"]
@@ -124,13 +125,13 @@ def _init_reason(code: int) -> str:
     return f"zesInit failed: {result_name(code)}"
 
 
-class Zes:
+class Zes(UnsupportedCache):
     """A handle on Level Zero Sysman through pyzes: init and the call chokepoint."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.mod: Any = None
         self._started = False
-        self._unsupported: set[tuple[str, str]] = set()
         self._ras: dict[str, Any] = {}
 
     def start(self) -> None:
@@ -152,17 +153,6 @@ class Zes:
         self._started = False
 
     # -- calls -------------------------------------------------------------------------------
-
-    def supported(self, device: str, quantity: str) -> bool:
-        """False once ``quantity`` was found unsupported on ``device``."""
-        return (device, quantity) not in self._unsupported
-
-    def unsupported(self, device: str, quantity: str, why: str) -> None:
-        """Remember (and log once) that ``quantity`` is not available on ``device``."""
-        key = (device, quantity)
-        if key not in self._unsupported:
-            self._unsupported.add(key)
-            _log.info("%s: %s not available (%s); not asked again", device, quantity, why)
 
     def function(self, name: str) -> Any:
         """A pyzes wrapper; the RAS calls (which pyzes 0.1.3 lacks) are always bound here,

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from otel_gpu.backends._common import LostState, sample_by_sweep
 from otel_gpu.backends.nvml._lib import Nvml, NvmlCallError
 from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
 from otel_gpu.hal.model import (
@@ -138,9 +139,7 @@ class _Device:
     field_keys: list[tuple[str, int | None]] = field(default_factory=list)
     throttle_ns: dict[str, float] = field(default_factory=dict)
     slow: dict[str, Any] = field(default_factory=dict)
-    lost_reason: str | None = None
-    retry_at: float = 0.0
-    backoff_s: float = 0.0
+    lost: LostState = field(default_factory=LostState)
 
 
 class NvmlBackend:
@@ -465,13 +464,7 @@ class NvmlBackend:
 
     def sample(self) -> Snapshot:
         """One sweep of every GPU (and MIG instance)."""
-        items: list[DeviceSample | DeviceFailure] = []
-        self.sweep(items.append)
-        return Snapshot(
-            time.time_ns(),
-            tuple(i for i in items if isinstance(i, DeviceSample)),
-            tuple(i for i in items if isinstance(i, DeviceFailure)),
-        )
+        return sample_by_sweep(self.sweep)
 
     def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
         """One sweep, handing each device to ``emit`` as soon as it is read (so a later device
@@ -481,7 +474,7 @@ class NvmlBackend:
         self._sweep += 1
         now = self._clock()
         for dev in self._devices:
-            if dev.lost_reason is not None and not self._retry_lost(dev, now):
+            if dev.lost.lost and not self._retry_lost(dev, now):
                 for failure in self._lost_failures(dev):
                     emit(failure)
                 continue
@@ -501,22 +494,18 @@ class NvmlBackend:
                 emit(child_sample)
 
     def _lost_failures(self, dev: _Device) -> list[DeviceFailure]:
-        reason = dev.lost_reason or "GPU is lost"
+        reason = dev.lost.reason or "GPU is lost"
         return [DeviceFailure(dev.info.id, reason, lost=True)] + [
             DeviceFailure(child.id, f"parent GPU lost: {reason}", lost=True)
             for child, _ in dev.children
         ]
 
     def _mark_lost(self, dev: _Device, reason: str, now: float) -> None:
-        if dev.lost_reason is None:
-            _log.warning("%s (%s) is lost: %s", dev.info.name, dev.info.id, reason)
-        dev.lost_reason = reason
-        dev.backoff_s = min(300.0, max(5.0, dev.backoff_s * 2))
-        dev.retry_at = now + dev.backoff_s
+        dev.lost.mark(f"{dev.info.name} ({dev.info.id})", reason, now)
 
     def _retry_lost(self, dev: _Device, now: float) -> bool:
         """Probe a lost GPU again when its backoff has passed; True when it answers."""
-        if now < dev.retry_at:
+        if not dev.lost.due(now):
             return False
         try:
             handle = self.nvml.call(
@@ -531,8 +520,8 @@ class NvmlBackend:
         except (DeviceLost, NvmlCallError) as err:
             self._mark_lost(dev, str(err), now)
             return False
-        _log.warning("%s (%s) answers again", dev.info.name, dev.info.id)
-        dev.handle, dev.lost_reason, dev.backoff_s = handle, None, 0.0
+        dev.lost.recovered(f"{dev.info.name} ({dev.info.id})")
+        dev.handle = handle
         dev.throttle_ns.clear()
         return True
 

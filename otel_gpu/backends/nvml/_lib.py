@@ -12,6 +12,7 @@ import logging
 import threading
 from typing import Any
 
+from otel_gpu.backends._common import UnsupportedCache
 from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
 
 __all__ = ["Nvml", "NvmlCallError", "load"]
@@ -60,13 +61,13 @@ def _init_reason(mod: Any, err: Exception) -> str:
     return f"nvmlInit failed: {err}"
 
 
-class Nvml:
+class Nvml(UnsupportedCache):
     """A handle on the NVML library: init/shutdown and the call chokepoint."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.mod: Any = None
         self._started = False
-        self._unsupported: set[tuple[str, str]] = set()
 
     def start(self) -> None:
         """nvmlInit (reference-counted). Raises BackendUnavailable with the reason."""
@@ -96,17 +97,6 @@ class Nvml:
                 self.mod.nvmlShutdown()
             except Exception as err:
                 _log.debug("nvmlShutdown failed: %s", err)
-
-    def supported(self, device: str, quantity: str) -> bool:
-        """False once ``quantity`` was found unsupported on ``device``."""
-        return (device, quantity) not in self._unsupported
-
-    def unsupported(self, device: str, quantity: str, why: str) -> None:
-        """Remember (and log once) that ``quantity`` is not available on ``device``."""
-        key = (device, quantity)
-        if key not in self._unsupported:
-            self._unsupported.add(key)
-            _log.info("%s: %s not available (%s); not asked again", device, quantity, why)
 
     def call(self, function: str, *args: Any, device: str = "", quantity: str = "") -> Any:
         """Call ``pynvml.<function>(*args)``.

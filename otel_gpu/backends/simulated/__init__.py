@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import ClassVar
 
+from otel_gpu.backends._common import sample_by_sweep
 from otel_gpu.backends.simulated.spec import Fault, SimSpec, parse_spec
 from otel_gpu.hal.model import (
     DeviceFailure,
@@ -225,13 +226,7 @@ class SimulatedBackend:
 
     def sample(self) -> Snapshot:
         """One sweep: every device's values for the current cycle, then advance the cycle."""
-        items: list[DeviceSample | DeviceFailure] = []
-        self.sweep(items.append)
-        return Snapshot(
-            time.time_ns(),
-            tuple(i for i in items if isinstance(i, DeviceSample)),
-            tuple(i for i in items if isinstance(i, DeviceFailure)),
-        )
+        return sample_by_sweep(self.sweep)
 
     def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
         """One sweep handing each device to ``emit`` as it is read. A ``hang`` fault blocks the
