@@ -203,7 +203,9 @@ def test_xid_state_expires_after_the_hold_time() -> None:
 def test_the_catalog_names_are_unique_and_namespaced() -> None:
     names = [c.name for c in CATALOG]
     assert len(names) == len(set(names))
-    assert all(n.startswith(("accel.", "nvidia.", "amd.", "intel.", "tpu.", "neuron.")) for n in names)
+    assert all(
+        n.startswith(("accel.", "nvidia.", "amd.", "intel.", "tpu.", "neuron.")) for n in names
+    )
 
 
 def test_busy_check_fires_on_a_loaded_node_and_not_on_an_idle_one() -> None:
