@@ -117,10 +117,18 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "Expected device count for the health check (`--expect-devices`).",
     ),
     EnvVar(
-        "OTEL_GPU_PCIE_REPLAY_RATE",
-        "1.0",
-        "replays per second >= 0",
-        "Health: PCIe replay rate above which `accel.pcie.replay_rate` fires.",
+        "OTEL_GPU_PCIE_REPLAY_LIMIT",
+        "8",
+        "a number >= 0",
+        "Health: PCIe replays within a minute above which `accel.pcie.replay_rate` fires "
+        "(DCGM's default).",
+    ),
+    EnvVar(
+        "OTEL_GPU_RETIRED_PAGES_LIMIT",
+        "60",
+        "an integer >= 0 (0: off)",
+        "Health: retired memory pages (page retirement, pre-Ampere GPUs) at which "
+        "`accel.memory.retirement.limit` fires.",
     ),
     EnvVar(
         "OTEL_GPU_HEALTH_REEMIT",
@@ -355,7 +363,8 @@ class Settings:
             sweep_timeout_s=get("OTEL_GPU_SWEEP_TIMEOUT", _positive_float, 5.0),
             health=HealthThresholds(
                 expected_devices=get("OTEL_GPU_EXPECTED_DEVICES", _nonneg_int, None),
-                pcie_replay_rate=get("OTEL_GPU_PCIE_REPLAY_RATE", _nonneg_float, 1.0),
+                pcie_replay_limit=get("OTEL_GPU_PCIE_REPLAY_LIMIT", _nonneg_float, 8.0),
+                retired_pages_limit=get("OTEL_GPU_RETIRED_PAGES_LIMIT", _nonneg_int, 60),
                 reemit_s=get("OTEL_GPU_HEALTH_REEMIT", _positive_float, 300.0),
                 xid_hold_s=get("OTEL_GPU_HEALTH_XID_HOLD", _positive_float, 600.0),
                 degraded_after_sweeps=get("OTEL_GPU_HEALTH_DEGRADED_AFTER", _positive_int, 3),

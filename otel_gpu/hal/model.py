@@ -299,7 +299,8 @@ class DeviceSample:
     set means "not throttled", ``None`` "unknown". ``clocks_hz`` maps a :class:`ClockDomain`
     value to Hz; ``temperatures_c`` maps ``hw.sensor_location`` (``gpu``, ``memory``,
     ``hotspot``) to degrees Celsius. ``retired_rows`` maps ``accel.retirement.state``
-    (``remapped``, ``pending``, ``failed``) to counts. ``engines`` maps an engine name
+    (``remapped``, ``pending``, ``failed`` for row remapping; ``retired`` for retired pages)
+    to counts. ``engines`` maps an engine name
     (Intel engine group, AMD ``gfx``/``mm``, Neuron ``core0``...) to a 0..1 utilization.
     """
 

@@ -64,6 +64,13 @@ CATALOG: tuple[EventSpec, ...] = (
         ("accel.retirement.pending",),
     ),
     EventSpec(
+        "accel.memory.retirement.limit",
+        _S.ERROR,
+        _H.PREDICTED_FAILURE,
+        "retired memory pages reached OTEL_GPU_RETIRED_PAGES_LIMIT: plan to replace the device",
+        ("accel.retirement.retired",),
+    ),
+    EventSpec(
         "accel.pcie.link.degraded",
         _S.WARN,
         _H.DEGRADED,
@@ -79,8 +86,8 @@ CATALOG: tuple[EventSpec, ...] = (
         "accel.pcie.replay_rate",
         _S.WARN,
         _H.DEGRADED,
-        "PCIe replays per second above the threshold (OTEL_GPU_PCIE_REPLAY_RATE)",
-        ("error.rate",),
+        "more PCIe replays in the last minute than OTEL_GPU_PCIE_REPLAY_LIMIT (DCGM's default: 8)",
+        ("error.count",),
     ),
     EventSpec(
         "accel.interconnect.link.down",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -44,7 +45,9 @@ class HealthThresholds:
     """Tunable limits of the checks (``OTEL_GPU_HEALTH_*`` variables)."""
 
     expected_devices: int | None = None
-    pcie_replay_rate: float = 1.0
+    pcie_replay_limit: float = 8.0
+    pcie_replay_window_s: float = 60.0
+    retired_pages_limit: int = 60
     reemit_s: float = 300.0
     xid_hold_s: float = 600.0
     degraded_after_sweeps: int = 3
@@ -102,6 +105,7 @@ class HealthMonitor:
         self._active: dict[tuple[str, str | None], Finding] = {}
         self._last_emit: dict[tuple[str, str | None], float] = {}
         self._prev: dict[str, tuple[float, DeviceSample]] = {}
+        self._replays: dict[str, deque[tuple[float, int]]] = {}
         self._failing: dict[str, int] = {}
         self._inventory: Inventory | None = None
         self.events_emitted = 0
@@ -280,7 +284,8 @@ class HealthMonitor:
             if dev is None:
                 continue
             prev = self._prev.get(sample.device_id)
-            yield from _device_checks(dev, sample, prev, now, th)
+            replays = self._replays.setdefault(sample.device_id, deque())
+            yield from _device_checks(dev, sample, prev, replays, now=now, th=th)
             self._prev[sample.device_id] = (now, sample)
 
 
@@ -312,6 +317,8 @@ def _device_checks(
     dev: DeviceInfo,
     s: DeviceSample,
     prev: tuple[float, DeviceSample] | None,
+    replays: deque[tuple[float, int]],
+    *,
     now: float,
     th: HealthThresholds,
 ) -> Iterator[Finding]:
@@ -377,17 +384,28 @@ def _device_checks(
                 "accel.pcie.generation.max": dev.pcie_max_generation or 0,
             },
         )
-    if prev and p and s.pcie_replay_total is not None and p.pcie_replay_total is not None:
-        dt = now - prev[0]
-        if dt > 0:
-            rate = (s.pcie_replay_total - p.pcie_replay_total) / dt
-            if rate > th.pcie_replay_rate:
-                yield _finding(
-                    "accel.pcie.replay_rate",
-                    dev,
-                    f"{label}: {rate:.2f} PCIe replays/s (threshold {th.pcie_replay_rate})",
-                    {"error.rate": round(rate, 3)},
-                )
+    if s.pcie_replay_total is not None:
+        # Replays within the trailing window (DCGM's rule: more than 8 in a minute).
+        replays.append((now, s.pcie_replay_total))
+        while len(replays) > 1 and replays[1][0] <= now - th.pcie_replay_window_s:
+            replays.popleft()
+        recent = s.pcie_replay_total - replays[0][1]
+        if recent > th.pcie_replay_limit:
+            yield _finding(
+                "accel.pcie.replay_rate",
+                dev,
+                f"{label}: {recent} PCIe replays in the last {now - replays[0][0]:.0f}s "
+                f"(limit {th.pcie_replay_limit:g} per {th.pcie_replay_window_s:g}s)",
+                {"error.count": recent, "error.delta": 0},
+            )
+    retired = s.retired_rows.get("retired", 0)
+    if th.retired_pages_limit and retired >= th.retired_pages_limit:
+        yield _finding(
+            "accel.memory.retirement.limit",
+            dev,
+            f"{label}: {retired} memory pages retired (limit {th.retired_pages_limit})",
+            {"accel.retirement.retired": retired},
+        )
     was_up = {link.index for link in dev.links if link.up}
     for link in s.links:
         if link.up is False and link.index in was_up:

@@ -244,7 +244,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "accel.memory.retired",
         U,
         "{row}",
-        "Memory rows remapped, pending or failed.",
+        "Memory rows remapped, pending or failed; pages retired (page retirement).",
         _retired,
         "accel.retirement.state",
     ),

@@ -30,7 +30,8 @@ def test_defaults() -> None:
     assert (s.backend, s.devices, s.interval_s, s.attributes) == ("auto", None, 10.0, "full")
     assert (s.processes, s.scope, s.log_level) == (False, "node", "warning")
     assert s.health.expected_devices is None
-    assert (s.health.pcie_replay_rate, s.health.reemit_s) == (1.0, 300.0)
+    assert (s.health.pcie_replay_limit, s.health.reemit_s) == (8.0, 300.0)
+    assert s.health.retired_pages_limit == 60
     assert (s.health.xid_hold_s, s.health.degraded_after_sweeps) == (600.0, 3)
 
 
@@ -44,7 +45,7 @@ def test_every_variable_is_read() -> None:
             "OTEL_GPU_PROCESSES": "yes",
             "OTEL_GPU_SCOPE": "process",
             "OTEL_GPU_EXPECTED_DEVICES": "8",
-            "OTEL_GPU_PCIE_REPLAY_RATE": "0.5",
+            "OTEL_GPU_PCIE_REPLAY_LIMIT": "0.5",
             "OTEL_GPU_HEALTH_REEMIT": "60",
             "OTEL_GPU_HEALTH_XID_HOLD": "30",
             "OTEL_GPU_HEALTH_DEGRADED_AFTER": "5",
@@ -56,7 +57,7 @@ def test_every_variable_is_read() -> None:
     assert (s.interval_s, s.attributes, s.processes, s.scope) == (2.5, "minimal", True, "process")
     assert s.log_level == "debug"
     h = s.health
-    assert (h.expected_devices, h.pcie_replay_rate, h.reemit_s) == (8, 0.5, 60.0)
+    assert (h.expected_devices, h.pcie_replay_limit, h.reemit_s) == (8, 0.5, 60.0)
     assert (h.xid_hold_s, h.degraded_after_sweeps) == (30.0, 5)
 
 
@@ -112,7 +113,8 @@ BAD_GPU_VALUES = [
     ("OTEL_GPU_PROCESSES", "maybe", "true, false"),
     ("OTEL_GPU_SCOPE", "job", "node, process"),
     ("OTEL_GPU_EXPECTED_DEVICES", "-2", "an integer >= 0"),
-    ("OTEL_GPU_PCIE_REPLAY_RATE", "nan", "a number >= 0"),
+    ("OTEL_GPU_PCIE_REPLAY_LIMIT", "nan", "a number >= 0"),
+    ("OTEL_GPU_RETIRED_PAGES_LIMIT", "-1", "an integer >= 0"),
     ("OTEL_GPU_HEALTH_REEMIT", "0", "a number > 0"),
     ("OTEL_GPU_HEALTH_XID_HOLD", "inf", "a number > 0"),
     ("OTEL_GPU_HEALTH_DEGRADED_AFTER", "0", "an integer >= 1"),

@@ -234,3 +234,36 @@ def test_firmware_mismatch_across_devices_of_one_model() -> None:
     assert [e.name for e in events] == ["accel.firmware.mismatch"]
     assert events[0].attributes["accel.firmware.versions"] == "96.00.74, 96.00.99"
     assert events[0].severity is Severity.WARN
+
+
+def test_pcie_replays_over_the_trailing_minute() -> None:
+    from otel_gpu.hal import DeviceInfo, DeviceSample, Inventory, Snapshot
+
+    dev = DeviceInfo(index=0, id="d0", vendor="nvidia", model="m", backend="b")
+    inv = Inventory((dev,))
+    clock = Clock()
+    monitor = HealthMonitor(HealthThresholds(pcie_replay_limit=8), clock=clock)
+
+    def sweep(t: float, replays: int) -> list[str]:
+        clock.t = t
+        snap = Snapshot(1, (DeviceSample("d0", pcie_replay_total=replays),))
+        return [e.name for e in monitor.process(inv, snap)]
+
+    assert sweep(0, 100) == []  # a high count since boot is history, not a rate
+    assert sweep(10, 104) == []
+    assert sweep(20, 109) == ["accel.pcie.replay_rate"]  # 9 within the minute
+    assert sweep(90, 110) == ["accel.device.recovered"]  # 1 in the last minute
+    assert sweep(100, 111) == []
+
+
+def test_retired_pages_over_the_limit() -> None:
+    from otel_gpu.hal import DeviceInfo, DeviceSample, Inventory, Snapshot
+
+    inv = Inventory((DeviceInfo(index=0, id="d0", vendor="nvidia", model="V100", backend="b"),))
+    monitor = HealthMonitor(HealthThresholds(retired_pages_limit=60))
+    quiet = Snapshot(1, (DeviceSample("d0", retired_rows={"retired": 59, "pending": 0}),))
+    assert monitor.process(inv, quiet) == []
+    full = Snapshot(2, (DeviceSample("d0", retired_rows={"retired": 60, "pending": 0}),))
+    events = monitor.process(inv, full)
+    assert [e.name for e in events] == ["accel.memory.retirement.limit"]
+    assert events[0].state is HealthState.PREDICTED_FAILURE

@@ -391,3 +391,29 @@ def test_cli_health_xid_classes(tmp_path: Path, code: int, expected_rc: int) -> 
         assert xids and xids[0]["severity"] == "FATAL"
     else:
         assert doc["status"] == "OK"
+
+
+def test_retired_pages_come_from_the_field_batch_and_reach_the_check() -> None:
+    scenario = json.loads(
+        (Path(__file__).parents[2] / "otel_gpu/testing/scenarios/nvml/old-driver.json").read_text()
+    )
+    scenario.setdefault("overrides", {})["0"] = {
+        "retired_pages_dbe": list(range(4096, 4096 + 61)),
+        "retired_pages_pending": True,
+    }
+    with install(scenario) as fake:
+        backend = NvmlBackend()
+        manager = DeviceManager([backend])
+        manager.open()
+        fake.reset_calls()
+        snap = manager.sample()
+        gpu0 = manager.inventory.devices[0].id
+        s = snap.by_id()[gpu0]
+        assert s.retired_rows["retired"] == 61 and s.retired_rows["pending"] == 1
+        assert "nvmlDeviceGetRetiredPages" not in fake.calls  # read in the one batch
+        events = HealthMonitor().process(manager.inventory, snap)
+        assert {e.name for e in events if e.device_id == gpu0} >= {
+            "accel.memory.retirement.limit",
+            "accel.memory.retirement.pending",
+        }
+        manager.close()

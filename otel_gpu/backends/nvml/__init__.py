@@ -74,6 +74,9 @@ _DEVICE_FIELDS = (
     ("NVML_FI_DEV_REMAPPED_UNC", "remapped_unc"),
     ("NVML_FI_DEV_REMAPPED_PENDING", "remapped_pending"),
     ("NVML_FI_DEV_REMAPPED_FAILURE", "remapped_failure"),
+    ("NVML_FI_DEV_RETIRED_SBE", "retired_sbe"),
+    ("NVML_FI_DEV_RETIRED_DBE", "retired_dbe"),
+    ("NVML_FI_DEV_RETIRED_PENDING", "retired_pending"),
     ("NVML_FI_DEV_PERF_POLICY_POWER", "throttle_ns:power"),
     ("NVML_FI_DEV_PERF_POLICY_THERMAL", "throttle_ns:thermal"),
     ("NVML_FI_DEV_PERF_POLICY_SYNC_BOOST", "throttle_ns:sync_boost"),
@@ -602,6 +605,12 @@ class NvmlBackend:
             )
             retired["pending"] = int(f.get(("remapped_pending", None), 0))
             retired["failed"] = int(f.get(("remapped_failure", None), 0))
+        if ("retired_sbe", None) in f or ("retired_dbe", None) in f:  # page retirement (pre-A100)
+            retired["retired"] = int(
+                f.get(("retired_sbe", None), 0) + f.get(("retired_dbe", None), 0)
+            )
+            pending = int(f.get(("retired_pending", None), 0))
+            retired["pending"] = max(retired.get("pending", 0), pending)
         return DeviceSample(
             device_id=uuid,
             utilization_ratio=util.gpu / 100 if util is not None else None,
