@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -39,8 +40,16 @@ def topology_attributes(inventory: Inventory) -> dict[str, AttributeValue]:
     return attrs
 
 
-def host_attributes(root: Path = Path("/")) -> dict[str, AttributeValue]:
-    """``host.name`` and, where readable, ``host.id`` (the machine id)."""
+def host_attributes(root: Path | None = None) -> dict[str, AttributeValue]:
+    """``host.name`` and, where readable, ``host.id`` (the machine id).
+
+    The machine id is read under ``root`` (default ``OTEL_GPU_HOST_ROOT``, else ``/``): in a
+    container, mount the host's ``/`` and point that variable at it, or the id would be the
+    image's. In Kubernetes the hostname is the pod's: set ``host.name`` through
+    ``OTEL_RESOURCE_ATTRIBUTES`` (the shipped manifests do), which wins over it.
+    """
+    if root is None:
+        root = Path(os.environ.get("OTEL_GPU_HOST_ROOT") or "/")
     attrs: dict[str, AttributeValue] = {"host.name": socket.gethostname()}
     for candidate in ("etc/machine-id", "var/lib/dbus/machine-id"):
         try:
