@@ -50,6 +50,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     from otel_gpu.attribution import Attribution
     from otel_gpu.otel.bridge import GpuTelemetry
+    from otel_gpu.otel.metrics import cardinality_limit
     from otel_gpu.otel.providers import build_providers
     from otel_gpu.otel.resource import build_resource
 
@@ -57,7 +58,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     manager = _manager(args, settings)
     inventory = manager.open()
     try:
-        providers = build_providers(build_resource(inventory), settings.interval_s, args.exporter)
+        providers = build_providers(
+            build_resource(inventory),
+            settings.interval_s,
+            args.exporter,
+            cardinality_limit=cardinality_limit(inventory),
+        )
     except BaseException:
         manager.close()
         raise

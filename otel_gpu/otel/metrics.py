@@ -12,9 +12,11 @@ import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from otel_gpu.hal.model import DeviceInfo, DeviceSample
+from otel_gpu.hal.model import DeviceInfo, DeviceSample, Inventory
 
-__all__ = ["METRICS", "Instrument", "MetricSpec", "Point", "markdown_table"]
+__all__ = ["METRICS", "Instrument", "MetricSpec", "Point", "cardinality_limit", "markdown_table"]
+
+SDK_DEFAULT_CARDINALITY = 2000
 
 Attrs = dict[str, str | int]
 Point = tuple[float, Attrs]
@@ -294,6 +296,18 @@ METRICS: tuple[MetricSpec, ...] = (
         opt_in="processes",
     ),
 )
+
+
+def cardinality_limit(inventory: Inventory, processes_per_device: int = 64) -> int:
+    """A per-metric series limit large enough for this node.
+
+    The SDK keeps at most 2000 series per metric by default and folds the rest into one
+    ``otel.metric.overflow`` point. A 64-GPU node with 18 NVLinks each has 3,456 series of
+    ``accel.interconnect.errors`` (links x error types): the limit follows the node instead.
+    """
+    links = max((len(d.links) for d in inventory.devices), default=0)
+    per_device = max(8, 3 * links + 3) + processes_per_device
+    return max(SDK_DEFAULT_CARDINALITY, 2 * len(inventory.devices) * per_device)
 
 
 def markdown_table() -> str:

@@ -29,9 +29,11 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
+from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
 from otel_gpu.errors import ConfigError
+from otel_gpu.otel.bridge import SCOPE
 
 __all__ = ["EXPORTER_CHOICES", "Providers", "build_providers"]
 
@@ -142,12 +144,16 @@ def build_providers(
     exporter: str | None = None,
     env: Mapping[str, str] | None = None,
     extra_readers: list[MetricReader] | None = None,
+    *,
+    cardinality_limit: int | None = None,
 ) -> Providers:
     """Providers with the readers and log processors that the environment asks for.
 
     ``exporter`` (``--exporter``) overrides ``OTEL_METRICS_EXPORTER`` and
     ``OTEL_LOGS_EXPORTER`` together, except that ``prometheus`` leaves the logs to
-    ``OTEL_LOGS_EXPORTER`` (unset: none, as Prometheus has no logs).
+    ``OTEL_LOGS_EXPORTER`` (unset: none, as Prometheus has no logs). ``cardinality_limit``
+    raises the SDK's per-metric series limit for otel-gpu's instruments (a large node has more
+    than the default 2000 series of some metrics).
     """
     env = dict(os.environ if env is None else env)
     if exporter is not None:
@@ -174,8 +180,17 @@ def build_providers(
             )
         else:
             raise ConfigError("OTEL_METRICS_EXPORTER", f"{name!r} is not a metric exporter")
+    views = []
+    if cardinality_limit is not None:
+        views.append(
+            View(
+                instrument_name="*",
+                meter_name=SCOPE,
+                aggregation_cardinality_limit=cardinality_limit,
+            )
+        )
     meter_provider = MeterProvider(
-        resource=resource, metric_readers=readers, shutdown_on_exit=False
+        resource=resource, metric_readers=readers, shutdown_on_exit=False, views=views
     )
     logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
     for name in log_names:

@@ -257,3 +257,16 @@ def test_health_check_busy_for_a_slurm_prolog() -> None:
     busy = otel_gpu("health", "--backend", "simulated", "--check-busy", "--format", "nagios")
     assert busy.returncode == 2
     assert "process(es) running" in busy.stdout
+
+
+def test_a_large_node_keeps_every_series() -> None:
+    # 64 GPUs x 18 NVLinks x 3 error types = 3,456 series of one metric: above the SDK's
+    # default limit of 2000, which would fold the rest into an overflow point.
+    result = otel_gpu("run", "--backend", "simulated:count=64", "--once", "--exporter", "console")
+    assert result.returncode == 0, result.stderr
+    assert "otel.metric.overflow" not in result.stdout
+    doc = next(d for d in _console_metrics(result.stdout) if "resource_metrics" in d)
+    metrics = {
+        m["name"]: m for sm in doc["resource_metrics"][0]["scope_metrics"] for m in sm["metrics"]
+    }
+    assert len(metrics["accel.interconnect.errors"]["data"]["data_points"]) == 64 * 18 * 3
