@@ -157,6 +157,7 @@ class GpuTelemetry:
         self._minimal = attributes == "minimal"
         self._features = features
         self._static_attrs: dict[str, dict[str, str]] = {}
+        self._devices: Mapping[str, DeviceInfo] = {}
         self._attrs: dict[str, dict[str, str]] = {}
         self._sources = list(attribute_sources)
         self._instruments: list[object] = []
@@ -172,6 +173,7 @@ class GpuTelemetry:
         if self._started:
             return
         inventory = self.manager.open()
+        self._devices = inventory.by_id()
         self._static_attrs = {d.id: device_attributes(d, self._minimal) for d in inventory.devices}
         self._attrs = dict(self._static_attrs)
         for feature in self._features:
@@ -240,7 +242,7 @@ class GpuTelemetry:
             if not self._started:
                 return []
             snapshot = self.cache.get()
-            devices = self.inventory.by_id()
+            devices = self._devices
             out: list[Observation] = []
             for sample in snapshot.samples:
                 dev = devices.get(sample.device_id)

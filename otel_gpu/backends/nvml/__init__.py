@@ -173,6 +173,8 @@ class NvmlBackend:
         self._sweep = 0
         self.collect_processes = False
         self._events: _EventThread | None = None
+        self._value_members: dict[int, str] | None = None
+        self._gpu_is_lost = 15
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -542,14 +544,25 @@ class NvmlBackend:
         if values is None:
             return {}
         out: dict[tuple[str, int | None], float] = {}
-        success = n.const("NVML_SUCCESS", 0)
-        lost = n.const("NVML_ERROR_GPU_IS_LOST", 15)
+        union_member = self._union_members()
         for key, value in zip(dev.field_keys, values, strict=False):
-            if value.nvmlReturn == success:
-                out[key] = _field_value(n, value)
-            elif value.nvmlReturn == lost:
+            ret = value.nvmlReturn
+            if ret == 0:  # NVML_SUCCESS
+                out[key] = float(getattr(value.value, union_member[value.valueType]))
+            elif ret == self._gpu_is_lost:
                 raise DeviceLost(dev.info.id, "GPU is lost (field values)")
         return out
+
+    def _union_members(self) -> dict[int, str]:
+        """nvmlValue_t union member by NVML_VALUE_TYPE_* (looked up once)."""
+        if self._value_members is None:
+            n = self.nvml
+            self._gpu_is_lost = n.const("NVML_ERROR_GPU_IS_LOST", 15)
+            members = {}
+            for const, default, member in _VALUE_TYPES:
+                members[int(n.const(const, default))] = member
+            self._value_members = members
+        return self._value_members
 
     def _sample_device(self, dev: _Device, slow: bool) -> DeviceSample:
         n, h, uuid = self.nvml, dev.handle, dev.info.id
@@ -739,7 +752,7 @@ class NvmlBackend:
 class _EventThread(threading.Thread):
     """Waits on ``nvmlEventSetWait_v2``; a Timeout is the normal idle answer."""
 
-    WAIT_MS = 500
+    WAIT_MS = 250  # also bounds how long stopping takes
 
     def __init__(self, nvml: Nvml, handles: dict[str, Any], sink: EventSink) -> None:
         super().__init__(name="otel-gpu-nvml-events", daemon=True)
@@ -861,22 +874,15 @@ def _address(handle: Any) -> int | None:
     return ctypes.cast(handle, ctypes.c_void_p).value
 
 
-def _field_value(n: Nvml, value: Any) -> float:
-    vtype = value.valueType
-    union = value.value
-    if vtype == n.const("NVML_VALUE_TYPE_DOUBLE", 0):
-        return float(union.dVal)
-    if vtype == n.const("NVML_VALUE_TYPE_UNSIGNED_INT", 1):
-        return float(union.uiVal)
-    if vtype == n.const("NVML_VALUE_TYPE_UNSIGNED_LONG", 2):
-        return float(union.ulVal)
-    if vtype == n.const("NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", 3):
-        return float(union.ullVal)
-    if vtype == n.const("NVML_VALUE_TYPE_SIGNED_LONG_LONG", 4):
-        return float(union.sllVal)
-    if vtype == n.const("NVML_VALUE_TYPE_SIGNED_INT", 5):
-        return float(union.siVal)
-    return float(union.usVal)
+_VALUE_TYPES = (
+    ("NVML_VALUE_TYPE_DOUBLE", 0, "dVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_INT", 1, "uiVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_LONG", 2, "ulVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", 3, "ullVal"),
+    ("NVML_VALUE_TYPE_SIGNED_LONG_LONG", 4, "sllVal"),
+    ("NVML_VALUE_TYPE_SIGNED_INT", 5, "siVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_SHORT", 6, "usVal"),
+)
 
 
 def _link_sample(link: int, f: dict[tuple[str, int | None], float]) -> LinkSample:
