@@ -2,19 +2,22 @@
 
 - :class:`UnsupportedCache`: quantities a device cannot report, asked once and logged once;
 - :class:`LostState`: a device that fell off the bus, probed again with exponential backoff;
-- :func:`sample_by_sweep`: a Snapshot from a backend's ``sweep(emit)``.
+- :func:`sample_by_sweep`: a Snapshot from a backend's ``sweep(emit)``;
+- :class:`LibraryBackend`: the lifecycle of a backend over a vendor library handle.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from otel_gpu.hal.model import DeviceFailure, DeviceSample, Snapshot
+from otel_gpu.hal.model import DeviceFailure, DeviceSample, Inventory, Snapshot
 
-__all__ = ["LostState", "UnsupportedCache", "sample_by_sweep"]
+__all__ = ["LibraryBackend", "LostState", "UnsupportedCache", "VendorLibrary", "sample_by_sweep"]
 
 _log = logging.getLogger("otel_gpu.backends")
 
@@ -83,3 +86,67 @@ def sample_by_sweep(sweep: Callable[[Emit], None]) -> Snapshot:
         tuple(i for i in items if isinstance(i, DeviceSample)),
         tuple(i for i in items if isinstance(i, DeviceFailure)),
     )
+
+
+class VendorLibrary(Protocol):
+    """A vendor library handle: initialised by ``start`` (raising BackendUnavailable), released
+    by ``stop`` (safe twice)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class LibraryBackend(ABC):
+    """The lifecycle shared by backends over a vendor library (NVML, amdsmi, Level Zero):
+    ``open`` starts the library and reads the inventory once (releasing the library if that
+    fails), ``sample`` gathers one ``sweep``, ``close`` stops driver events and the library.
+    """
+
+    _inventory: Inventory | None = None
+    collect_processes: bool = False
+
+    @property
+    @abstractmethod
+    def library(self) -> VendorLibrary:
+        """The vendor library handle."""
+
+    @abstractmethod
+    def _read_inventory(self) -> Inventory:
+        """Read the static inventory (the library is started)."""
+
+    @abstractmethod
+    def sweep(self, emit: Emit) -> None:
+        """One sweep, handing each device to ``emit`` as soon as it is read."""
+
+    def open(self) -> None:
+        """Start the vendor library and read the static inventory."""
+        self.library.start()
+        try:
+            self._inventory = self._read_inventory()
+        except BaseException:
+            self.library.stop()
+            raise
+
+    def close(self) -> None:
+        """Stop driver events (if any) and release the vendor library. Safe to call twice."""
+        stop_events = getattr(self, "stop_events", None)
+        if callable(stop_events):
+            stop_events()
+        self.library.stop()
+
+    def inventory(self) -> Inventory:
+        """The static inventory read at open (opening first if needed)."""
+        if self._inventory is None:
+            self.open()
+        assert self._inventory is not None
+        return self._inventory
+
+    def enable(self, feature: str) -> None:
+        """Turn on an opt-in collection (``processes``)."""
+        if feature == "processes":
+            self.collect_processes = True
+
+    def sample(self) -> Snapshot:
+        """One sweep of every device."""
+        return sample_by_sweep(self.sweep)

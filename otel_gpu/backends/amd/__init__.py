@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otel_gpu.backends._common import LostState, sample_by_sweep
+from otel_gpu.backends._common import LibraryBackend, LostState
 from otel_gpu.backends.amd._lib import AmdCallError, AmdSmi, handle_address, na
 from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
 from otel_gpu.hal.model import (
@@ -74,7 +74,6 @@ from otel_gpu.hal.model import (
     LinkSample,
     ProcessSample,
     Severity,
-    Snapshot,
     normalize_pci_bus_id,
 )
 from otel_gpu.hal.protocol import EventSink, Probe
@@ -174,7 +173,7 @@ class _Handle:
     error: OtelGpuError | None = None
 
 
-class AmdBackend:
+class AmdBackend(LibraryBackend):
     """AMD GPUs through amdsmi. ``sysfs_root`` is where ``sys/bus/pci`` is read (tests);
     ``slow_every`` sets how many sweeps pass between slow-path reads; ``clock`` is monotonic
     seconds (backoff)."""
@@ -182,6 +181,11 @@ class AmdBackend:
     name: ClassVar[str] = "amd"
     auto: ClassVar[bool] = True
     fallback_for: ClassVar[str | None] = None
+
+    @property
+    def library(self) -> AmdSmi:
+        """The vendor library handle."""
+        return self.smi
 
     def __init__(
         self,
@@ -198,10 +202,8 @@ class AmdBackend:
         self.slow_every = max(1, slow_every)
         self._clock = clock
         self._devices: list[_Device] = []
-        self._inventory: Inventory | None = None
         self._sweep = 0
         self._lock = threading.Lock()
-        self.collect_processes = False
         self._events: _EventThread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -222,32 +224,6 @@ class AmdBackend:
         if count == 0:
             return Probe(False, "amdsmi found no AMD GPU (is the amdgpu driver loaded?)", 0)
         return Probe(True, f"amdsmi: {count} GPU handle(s)", count)
-
-    def open(self) -> None:
-        """amdsmi_init and read the static inventory."""
-        self.smi.start()
-        try:
-            self._inventory = self._read_inventory()
-        except BaseException:
-            self.smi.stop()
-            raise
-
-    def close(self) -> None:
-        """Stop the event thread and amdsmi_shut_down."""
-        self.stop_events()
-        self.smi.stop()
-
-    def inventory(self) -> Inventory:
-        """The static inventory read at open."""
-        if self._inventory is None:
-            self.open()
-        assert self._inventory is not None
-        return self._inventory
-
-    def enable(self, feature: str) -> None:
-        """Turn on an opt-in collection (``processes``)."""
-        if feature == "processes":
-            self.collect_processes = True
 
     # -- inventory ---------------------------------------------------------------------------
 
@@ -512,10 +488,6 @@ class AmdBackend:
         return tuple(links)
 
     # -- sampling ----------------------------------------------------------------------------
-
-    def sample(self) -> Snapshot:
-        """One sweep of every GPU (and partition)."""
-        return sample_by_sweep(self.sweep)
 
     def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
         """One sweep, reporting each device (sample or failure) as soon as it is read."""

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otel_gpu.backends._common import LostState, sample_by_sweep
+from otel_gpu.backends._common import LibraryBackend, LostState
 from otel_gpu.backends.intel._lib import RasProperties, RasState, Zes, ZesCallError
 from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
 from otel_gpu.hal.model import (
@@ -61,7 +61,6 @@ from otel_gpu.hal.model import (
     DeviceSample,
     Inventory,
     ProcessSample,
-    Snapshot,
     normalize_pci_bus_id,
 )
 from otel_gpu.hal.protocol import Probe
@@ -182,7 +181,7 @@ class _Reading:
     ecc: dict[int, int] = field(default_factory=dict)  # zes_ras_error_type_t -> count
 
 
-class IntelBackend:
+class IntelBackend(LibraryBackend):
     """Intel GPUs through Level Zero Sysman (pyzes). ``sysfs_root`` is where ``sys/bus/pci`` is
     read (tests); ``slow_every`` sets how many sweeps pass between slow-path reads; ``clock``
     is monotonic seconds (backoff)."""
@@ -190,6 +189,11 @@ class IntelBackend:
     name: ClassVar[str] = "intel"
     auto: ClassVar[bool] = True
     fallback_for: ClassVar[str | None] = None
+
+    @property
+    def library(self) -> Zes:
+        """The vendor library handle."""
+        return self.zes
 
     def __init__(
         self,
@@ -208,10 +212,8 @@ class IntelBackend:
         self.slow_every = max(1, slow_every)
         self._clock = clock
         self._cards: list[_Card] = []
-        self._inventory: Inventory | None = None
         self._sweep = 0
         self._lock = threading.Lock()
-        self.collect_processes = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -230,31 +232,6 @@ class IntelBackend:
         if count == 0:
             return Probe(False, "Level Zero Sysman found no Intel GPU", 0)
         return Probe(True, f"Level Zero Sysman: {count} GPU(s)", count)
-
-    def open(self) -> None:
-        """zesInit and read the static inventory (and the counters' baselines)."""
-        self.zes.start()
-        try:
-            self._inventory = self._read_inventory()
-        except BaseException:
-            self.zes.stop()
-            raise
-
-    def close(self) -> None:
-        """Release the library (Level Zero has no Sysman shutdown). Safe to call twice."""
-        self.zes.stop()
-
-    def inventory(self) -> Inventory:
-        """The static inventory read at open."""
-        if self._inventory is None:
-            self.open()
-        assert self._inventory is not None
-        return self._inventory
-
-    def enable(self, feature: str) -> None:
-        """Turn on an opt-in collection (``processes``)."""
-        if feature == "processes":
-            self.collect_processes = True
 
     # -- inventory ---------------------------------------------------------------------------
 
@@ -474,10 +451,6 @@ class IntelBackend:
             return None
 
     # -- sampling ----------------------------------------------------------------------------
-
-    def sample(self) -> Snapshot:
-        """One sweep of every card (and tile)."""
-        return sample_by_sweep(self.sweep)
 
     def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
         """One sweep, reporting each device (sample or failure) as soon as it is read."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from otel_gpu.backends._common import LostState, sample_by_sweep
+from otel_gpu.backends._common import LibraryBackend, LostState
 from otel_gpu.backends.nvml._lib import Nvml, NvmlCallError
 from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
 from otel_gpu.hal.model import (
@@ -49,7 +49,6 @@ from otel_gpu.hal.model import (
     LinkSample,
     ProcessSample,
     Severity,
-    Snapshot,
     normalize_pci_bus_id,
 )
 from otel_gpu.hal.protocol import EventSink, Probe
@@ -145,7 +144,7 @@ class _Device:
     lost: LostState = field(default_factory=LostState)
 
 
-class NvmlBackend:
+class NvmlBackend(LibraryBackend):
     """NVIDIA GPUs through NVML. ``sysfs_root`` is where ``sys/bus/pci`` is read (tests);
     ``slow_every`` sets how many sweeps pass between slow-path reads; ``clock`` is monotonic
     seconds (backoff)."""
@@ -153,6 +152,11 @@ class NvmlBackend:
     name: ClassVar[str] = "nvml"
     auto: ClassVar[bool] = True
     fallback_for: ClassVar[str | None] = None
+
+    @property
+    def library(self) -> Nvml:
+        """The vendor library handle."""
+        return self.nvml
 
     def __init__(
         self,
@@ -169,9 +173,7 @@ class NvmlBackend:
         self.slow_every = max(1, slow_every)
         self._clock = clock
         self._devices: list[_Device] = []
-        self._inventory: Inventory | None = None
         self._sweep = 0
-        self.collect_processes = False
         self._events: _EventThread | None = None
         self._value_members: dict[int, str] | None = None
         self._gpu_is_lost = 15
@@ -193,32 +195,6 @@ class NvmlBackend:
         if count == 0:
             return Probe(False, "NVML found no NVIDIA GPU", 0)
         return Probe(True, f"NVML: {count} GPU(s)", count)
-
-    def open(self) -> None:
-        """nvmlInit and read the static inventory."""
-        self.nvml.start()
-        try:
-            self._inventory = self._read_inventory()
-        except BaseException:
-            self.nvml.stop()
-            raise
-
-    def close(self) -> None:
-        """Stop the event thread and nvmlShutdown."""
-        self.stop_events()
-        self.nvml.stop()
-
-    def inventory(self) -> Inventory:
-        """The static inventory read at open."""
-        if self._inventory is None:
-            self.open()
-        assert self._inventory is not None
-        return self._inventory
-
-    def enable(self, feature: str) -> None:
-        """Turn on an opt-in collection (``processes``)."""
-        if feature == "processes":
-            self.collect_processes = True
 
     # -- inventory ---------------------------------------------------------------------------
 
@@ -466,10 +442,6 @@ class NvmlBackend:
                     dev.field_keys.append((key, link))
 
     # -- sampling ----------------------------------------------------------------------------
-
-    def sample(self) -> Snapshot:
-        """One sweep of every GPU (and MIG instance)."""
-        return sample_by_sweep(self.sweep)
 
     def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
         """One sweep, handing each device to ``emit`` as soon as it is read (so a later device
