@@ -468,7 +468,7 @@ def check_otel_env(env: Mapping[str, str] | None = None) -> None:
                 ", ".join(accepted),
             )
     port = value("OTEL_EXPORTER_PROMETHEUS_PORT")
-    if port is not None and not (port.isdigit() and int(port) <= 65535):
+    if port is not None and not (port.isdecimal() and int(port) <= 65535):
         raise ConfigError("OTEL_EXPORTER_PROMETHEUS_PORT", f"invalid port {port!r}", "0..65535")
 
 
@@ -508,13 +508,13 @@ def _interval(setting: str, raw: str, divisor: float = 1.0) -> float:
 
 
 def _nonneg_int(setting: str, raw: str) -> int:
-    if not raw.isdigit():
+    if not raw.isdecimal():
         raise ConfigError(setting, f"invalid value {raw!r}", "an integer >= 0")
     return int(raw)
 
 
 def _positive_int(setting: str, raw: str) -> int:
-    if not raw.isdigit() or int(raw) < 1:
+    if not raw.isdecimal() or int(raw) < 1:
         raise ConfigError(setting, f"invalid value {raw!r}", "an integer >= 1")
     return int(raw)
 

@@ -102,7 +102,7 @@ def _select(
             entry = raw.strip()
             if vendor == "intel":
                 entry = entry.partition(".")[0]
-            if entry.isdigit():
+            if entry.isdecimal():
                 index = int(entry)
                 if index >= len(current):
                     break
@@ -148,7 +148,7 @@ def own_pids(root: Path = Path("/"), pid: int | None = None) -> frozenset[int]:
             except (OSError, UnicodeDecodeError):
                 continue
             for word in text.split():
-                if word.isdigit() and int(word) not in found:
+                if word.isdecimal() and int(word) not in found:
                     found.add(int(word))
                     todo.append(int(word))
     return frozenset(found)

@@ -109,7 +109,7 @@ class DeviceMatcher:
         if card:
             found = self._card(int(card.group("card")))
             return (found,) if found is not None else ()
-        if raw.isdigit():
+        if raw.isdecimal():
             found = self._indexed(vendor, int(raw))
             return (found,) if found is not None else ()
         indexed_mig = _INDEXED_MIG.match(raw)

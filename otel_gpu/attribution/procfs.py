@@ -154,7 +154,7 @@ class ProcReader:
         for line in (status or "").splitlines():
             if line.startswith("Uid:"):
                 fields = line.split()
-                if len(fields) > 1 and fields[1].isdigit():
+                if len(fields) > 1 and fields[1].isdecimal():
                     uid = int(fields[1])
                 break
         environ: dict[str, str] = {}

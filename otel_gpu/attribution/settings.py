@@ -131,6 +131,6 @@ def _refresh(setting: str, raw: str) -> float:
 
 
 def _positive_int(setting: str, raw: str) -> int:
-    if not raw.isdigit() or int(raw) < 1:
+    if not raw.isdecimal() or int(raw) < 1:
         raise ConfigError(setting, f"invalid value {raw!r}", "an integer >= 1")
     return int(raw)

@@ -93,7 +93,7 @@ def job_of_process(
     if not job_id or not _JOB_ID.match(job_id):
         return None
     uid = info.cgroup.slurm_uid
-    if uid is None and env.get("SLURM_JOB_UID", "").isdigit():
+    if uid is None and env.get("SLURM_JOB_UID", "").isdecimal():
         uid = int(env["SLURM_JOB_UID"])
     if uid is None and info.cgroup.slurm_job_id:  # a job step runs as the job's user
         uid = info.uid
@@ -117,7 +117,7 @@ def read_job_map(directory: Path) -> dict[str, tuple[JobInfo, ...]]:
         if count >= _MAX_MAP_FILES:
             break
         name = entry.name
-        if not (name.isdigit() or name.startswith(("GPU-", "MIG-"))):
+        if not (name.isdecimal() or name.startswith(("GPU-", "MIG-"))):
             continue
         try:
             if not entry.is_file():
@@ -130,7 +130,7 @@ def read_job_map(directory: Path) -> dict[str, tuple[JobInfo, ...]]:
             fields = line.split()
             if not fields or not _JOB_ID.match(fields[0]):
                 continue
-            uid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+            uid = int(fields[1]) if len(fields) > 1 and fields[1].isdecimal() else None
             jobs.append(JobInfo(fields[0], uid=uid))
         if jobs:
             out[name] = tuple(jobs)
@@ -157,7 +157,7 @@ def live_jobs(root: Path = Path("/")) -> dict[str, int | None] | None:
             seen_tree = True
             for job in slurm.glob("uid_*/job_*"):
                 uid = job.parent.name[4:]
-                found[job.name[4:]] = int(uid) if uid.isdigit() else None
+                found[job.name[4:]] = int(uid) if uid.isdecimal() else None
     except OSError:
         return None
     return found if seen_tree else None
@@ -216,7 +216,7 @@ class JobMap:
         """``{device id: jobs}`` as of the last refresh (jobs no longer alive left out)."""
         out: dict[str, tuple[JobInfo, ...]] = {}
         for name, jobs in self._files.items():
-            if name.isdigit():
+            if name.isdecimal():
                 device = matcher.physical(int(name))
             else:
                 device = next(iter(matcher.match(name)), None)

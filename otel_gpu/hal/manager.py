@@ -80,9 +80,9 @@ class DeviceFilter:
             item = part.strip()
             if not item:
                 raise ConfigError(setting, f"empty element in {value!r}", "indices or ids, by ,")
-            if item.isdigit():
+            if item.isdecimal():
                 indices.add(int(item))
-            elif item.startswith("-") and item[1:].isdigit():
+            elif item.startswith("-") and item[1:].isdecimal():
                 raise ConfigError(setting, f"negative index {item!r}", "device indices >= 0 or ids")
             else:
                 ids.add(item)

@@ -744,9 +744,9 @@ class Scenario:
             gpu.nvlink_remote = _expand_links(gpu.nvlink_remote, f"gpus[{i}].nvlink_remote")
             for link, target in enumerate(gpu.nvlink_remote):
                 kind, _, arg = target.partition(":")
-                if kind == "gpu" and not (arg.isdigit() and int(arg) < n and int(arg) != i):
+                if kind == "gpu" and not (arg.isdecimal() and int(arg) < n and int(arg) != i):
                     raise ScenarioError(f"gpus[{i}].nvlink_remote[{link}]: no peer GPU {arg!r}")
-                if kind == "switch" and not (arg.isdigit() and int(arg) < len(self.nvswitches)):
+                if kind == "switch" and not (arg.isdecimal() and int(arg) < len(self.nvswitches)):
                     raise ScenarioError(f"gpus[{i}].nvlink_remote[{link}]: no nvswitch {arg!r}")
             if gpu.pci_bus_id and _parse_bus_id(gpu.pci_bus_id) is None:
                 raise ScenarioError(f"gpus[{i}].pci_bus_id: bad PCI bus id {gpu.pci_bus_id!r}")
@@ -767,6 +767,18 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Scenario:
+        """Build a scenario from JSON-like data (see :meth:`_from_dict`); any malformed value
+        is a :class:`ScenarioError`, one line naming the problem."""
+        try:
+            return cls._from_dict(data)
+        except ScenarioError:
+            raise
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
+            what = f"missing key {err}" if isinstance(err, KeyError) else str(err)
+            raise ScenarioError(f"scenario: {what}") from None
+
+    @classmethod
+    def _from_dict(cls, data: Mapping[str, Any]) -> Scenario:
         """Build a scenario from JSON-like data.
 
         GPUs come from ``gpus`` (a list of GpuSpec objects) and/or ``template`` + ``count``: GPU i
@@ -795,7 +807,7 @@ class Scenario:
             if not isinstance(column, list) or len(column) != count:
                 raise ScenarioError(f"per_index.{key}: expected a list of {count} values")
         for key in overrides:
-            if not (str(key).isdigit() and int(key) < count):
+            if not (str(key).isdecimal() and int(key) < count):
                 raise ScenarioError(f"overrides: no GPU {key!r}")
         gpus: list[GpuSpec] = []
         for i in range(count):

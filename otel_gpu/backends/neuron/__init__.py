@@ -214,7 +214,7 @@ class NeuronBackend:
 
     def _device_nodes(self) -> list[Path]:
         try:
-            return sorted(p for p in (self.root / "dev").glob("neuron*") if p.name[6:].isdigit())
+            return sorted(p for p in (self.root / "dev").glob("neuron*") if p.name[6:].isdecimal())
         except OSError:
             return []
 

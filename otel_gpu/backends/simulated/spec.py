@@ -221,7 +221,11 @@ def parse_spec(text: str | None) -> SimSpec:
         return _from_mapping({})
     text = text.strip()
     if text.endswith(".json") or text.startswith(("/", "./", "~")):
-        return _from_file(Path(text).expanduser())
+        try:
+            path = Path(text).expanduser()
+        except (RuntimeError, ValueError):  # "~someone" with no such user, a NUL byte
+            raise ConfigError(SETTING, f"cannot expand the home directory in {text!r}") from None
+        return _from_file(path)
     if text in VENDOR_PRESETS:
         return _from_mapping({"vendor": text})
     items: dict[str, Any] = {}
@@ -243,10 +247,10 @@ def _from_file(path: Path) -> SimSpec:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(SETTING, f"spec file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(SETTING, f"cannot read spec file {str(path)!r}: {err}") from None
     except json.JSONDecodeError as err:
         raise ConfigError(SETTING, f"spec file {str(path)!r} is not valid JSON: {err}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: a NUL in the path
+        raise ConfigError(SETTING, f"cannot read spec file {str(path)!r}: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(SETTING, f"spec file {str(path)!r} must hold a JSON object")
     return _from_mapping(data)

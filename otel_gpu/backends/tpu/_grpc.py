@@ -188,7 +188,7 @@ def _int_attr(value: Any) -> int | None:
     kind = value.WhichOneof("attr")
     if kind == "int_attr":
         return int(value.int_attr)
-    if kind == "string_attr" and value.string_attr.isdigit():
+    if kind == "string_attr" and value.string_attr.isdecimal():
         return int(value.string_attr)
     return None
 
