@@ -223,7 +223,11 @@ def test_fuzz_fake_nvml_scenarios(data: object) -> None:
         Scenario.from_dict(data)  # type: ignore[arg-type]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(
+    max_examples=int(os.environ.get("HYPOTHESIS_CLI_EXAMPLES", "25")),
+    deadline=None,
+    derandomize="HYPOTHESIS_CLI_EXAMPLES" not in os.environ,
+)
 @given(
     st.sampled_from(["inventory", "health", "backends", "run"]),
     st.lists(
