@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from otel_gpu.config import Settings
@@ -221,9 +222,13 @@ def health(args: argparse.Namespace, settings: Settings) -> int:
         args.exporter is None and os.environ.get("OTEL_LOGS_EXPORTER", "none") != "none"
     ):
         providers = _log_providers(args.exporter)
+    from otel_gpu.attribution import Attribution
+
+    attribution = Attribution.from_env()
     manager = _manager(args, settings)
     if args.check_busy:
         manager.enable("processes")
+    holders: Mapping[str, Mapping[str, str]] = {}
     with manager:
         inv = manager.inventory
         if providers is not None:
@@ -231,7 +236,14 @@ def health(args: argparse.Namespace, settings: Settings) -> int:
 
             monitor.set_emitter(EventLogger(providers.logger_provider, lambda: inv))
         manager.start_events(monitor.record_event)
-        monitor.process(inv, manager.sample())
+        if attribution.enabled:
+            attribution.prepare(manager)
+            attribution.refresh()
+        snapshot = manager.sample()
+        monitor.process(inv, snapshot)
+        if attribution.enabled:
+            holders = attribution.device_attributes(inv, snapshot)
+            attribution.close()
     if providers is not None:
         providers.logger_provider.force_flush(3000)
         providers.logger_provider.shutdown()
@@ -240,7 +252,7 @@ def health(args: argparse.Namespace, settings: Settings) -> int:
     code = 2 if worst >= Severity.ERROR else 1 if worst >= Severity.WARN else 0
     if not inv.devices and thresholds.expected_devices is None:
         code = 3
-    _print_health(args.format, code, inv, findings)
+    _print_health(args.format, code, inv, findings, holders)
     return code
 
 
@@ -256,7 +268,24 @@ def _log_providers(exporter: str | None) -> Any:
     return build_providers(build_resource(Inventory()), 10.0, env=env)
 
 
-def _print_health(fmt: str, code: int, inv: Inventory, findings: list[Any]) -> None:
+def _holder(attrs: Mapping[str, str]) -> str:
+    """Who holds a device, in a few words: ``pod ml/train-0`` or ``job 4242 (alice)``."""
+    if "k8s.pod.name" in attrs:
+        return f"pod {attrs.get('k8s.namespace.name', '?')}/{attrs['k8s.pod.name']}"
+    if "slurm.job.id" in attrs:
+        user = attrs.get("slurm.job.user")
+        return f"job {attrs['slurm.job.id']}" + (f" ({user})" if user else "")
+    return ""
+
+
+def _print_health(
+    fmt: str,
+    code: int,
+    inv: Inventory,
+    findings: list[Any],
+    holders: Mapping[str, Mapping[str, str]] | None = None,
+) -> None:
+    holders = holders or {}
     names = {d.id: d.name for d in inv.devices}
     status = NAGIOS[code]
     if fmt == "json":
@@ -273,6 +302,7 @@ def _print_health(fmt: str, code: int, inv: Inventory, findings: list[Any]) -> N
                     "device_id": f.device_id,
                     "message": f.message,
                     "attributes": f.attributes,
+                    "held_by": dict(holders.get(f.device_id or "", {})),
                 }
                 for f in findings
             ],
@@ -287,6 +317,9 @@ def _print_health(fmt: str, code: int, inv: Inventory, findings: list[Any]) -> N
     print(f"{status}: {summary}" if not bad else f"{status}: {len(bad)} finding(s)")
     for f in findings:
         device = names.get(f.device_id or "", "node")
+        held = _holder(holders.get(f.device_id or "", {}))
+        if held:
+            device = f"{device} [{held}]"
         level = (
             "CRITICAL"
             if f.severity >= Severity.ERROR

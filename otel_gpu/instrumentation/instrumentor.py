@@ -27,9 +27,10 @@ from otel_gpu.attribution import Attribution
 from otel_gpu.config import Settings, sdk_disabled
 from otel_gpu.errors import BackendUnavailable
 from otel_gpu.hal.manager import DeviceManager
-from otel_gpu.hal.model import DeviceSample, Snapshot
+from otel_gpu.hal.model import DeviceSample, Inventory, Snapshot
 from otel_gpu.health.monitor import HealthMonitor
-from otel_gpu.otel.bridge import GpuTelemetry
+from otel_gpu.otel.bridge import SCOPE, GpuTelemetry
+from otel_gpu.otel.metrics import SDK_DEFAULT_CARDINALITY, cardinality_limit
 from otel_gpu.scope import own_pids
 
 __all__ = ["GpuInstrumentor"]
@@ -113,6 +114,7 @@ class GpuInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                     len(telemetry.inventory.devices),
                     settings.scope,
                 )
+                _warn_cardinality(telemetry.inventory)
             except Exception as err:
                 _report(err)
                 self._close(join=False)
@@ -172,6 +174,23 @@ def _build_manager(settings: Settings) -> DeviceManager:
         setting="OTEL_GPU_BACKEND",
         sweep_timeout_s=settings.sweep_timeout_s,
     )
+
+
+def _warn_cardinality(inventory: Inventory) -> None:
+    """The application's MeterProvider keeps the SDK's default series limit (2000 per metric):
+    say so when this node has more series of a metric than that (``otel-gpu run`` raises it)."""
+    needed = cardinality_limit(inventory, processes_per_device=0)
+    if needed > SDK_DEFAULT_CARDINALITY:
+        _log.warning(
+            "otel-gpu: this node has up to %d series of some metrics (NVLink links x devices), "
+            "above the SDK's default limit of %d: add View(meter_name=%r, "
+            "aggregation_cardinality_limit=%d) to your MeterProvider, or excess series are "
+            "folded into an overflow point",
+            needed // 2,
+            SDK_DEFAULT_CARDINALITY,
+            SCOPE,
+            needed,
+        )
 
 
 def _report(err: Exception) -> None:

@@ -123,3 +123,36 @@ def test_run_once_with_a_missing_kubelet_socket_still_exports(tmp_path: Any) -> 
     )
     assert len(metrics["hw.power"]) == 8
     assert all(not any(k in p["attributes"] for k in K8S) for p in metrics["hw.power"])
+
+
+def test_health_names_the_pod_that_holds_a_faulty_device(kubelet: FakeKubelet) -> None:
+    ids = [d.id for d in SimulatedBackend(None).inventory().devices]
+    kubelet.set_pod("train-0", "ml", {"trainer": [("nvidia.com/gpu", [ids[3]])]})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(
+        {"OTEL_GPU_ATTRIBUTION": "kubernetes", "OTEL_GPU_KUBELET_SOCKET": str(kubelet.socket)}
+    )
+    for fmt in ("text", "json"):
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "otel_gpu",
+                "health",
+                "--backend",
+                "simulated:faults=ecc@3:0",
+                "--format",
+                fmt,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+            check=False,
+        )
+        assert result.returncode == 2, result.stderr
+        if fmt == "text":
+            assert "gpu3 [pod ml/train-0]" in result.stdout
+        else:
+            finding = json.loads(result.stdout)["findings"][0]
+            assert finding["held_by"]["k8s.pod.name"] == "train-0"

@@ -237,3 +237,15 @@ def test_processes_feature_exports_per_process_memory() -> None:
     tel.start()
     _, procs = _points(reader)["accel.process.memory.usage"]
     assert {p.attributes["process.pid"] for p in procs} == {4242, 4243}
+
+
+def test_the_plugin_warns_when_a_node_outgrows_the_sdk_series_limit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from otel_gpu.instrumentation.instrumentor import _warn_cardinality
+
+    with caplog.at_level("WARNING"):
+        _warn_cardinality(DeviceManager([SimulatedBackend("count=8")]).open())
+        assert caplog.records == []
+        _warn_cardinality(DeviceManager([SimulatedBackend("count=64")]).open())
+    assert "aggregation_cardinality_limit" in caplog.records[0].getMessage()
