@@ -9,13 +9,15 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
-from otel_gpu.hal.model import DeviceFailure, DeviceSample, Inventory, Snapshot
+from otel_gpu.errors import DeviceLost
+from otel_gpu.hal.model import DeviceFailure, DeviceInfo, DeviceSample, Inventory, Snapshot
 
 __all__ = ["LibraryBackend", "LostState", "UnsupportedCache", "VendorLibrary", "sample_by_sweep"]
 
@@ -97,14 +99,33 @@ class VendorLibrary(Protocol):
     def stop(self) -> None: ...
 
 
+class Unit(Protocol):
+    """What a backend reads as one piece in a sweep: a GPU (with its MIG instances or
+    partitions), or a card (with its tiles)."""
+
+    info: DeviceInfo
+    lost: LostState
+    slow: dict[str, Any]
+
+
 class LibraryBackend(ABC):
     """The lifecycle shared by backends over a vendor library (NVML, amdsmi, Level Zero):
     ``open`` starts the library and reads the inventory once (releasing the library if that
     fails), ``sample`` gathers one ``sweep``, ``close`` stops driver events and the library.
+
+    ``sweep`` reads each unit in turn (:meth:`_units`, :meth:`_read_unit`) and hands what it
+    read to ``emit`` at once; a unit that raises ``DeviceLost`` is marked lost and probed again
+    with backoff (:meth:`_retry_lost`), one that raises :attr:`call_error` fails this sweep
+    only. Slow reads happen every ``slow_every`` sweeps (and on a unit's first).
     """
 
     _inventory: Inventory | None = None
     collect_processes: bool = False
+    call_error: ClassVar[type[Exception]] = Exception
+    slow_every: int = 6
+    _sweep: int = 0
+    _clock: Callable[[], float]
+    _sweep_lock = threading.Lock()
 
     @property
     @abstractmethod
@@ -116,8 +137,52 @@ class LibraryBackend(ABC):
         """Read the static inventory (the library is started)."""
 
     @abstractmethod
+    def _units(self) -> Sequence[Any]:
+        """The units to read, in order (each a :class:`Unit`)."""
+
+    @abstractmethod
+    def _read_unit(self, unit: Any, slow: bool) -> list[DeviceSample]:
+        """Read one unit: its sample and its children's. Raises DeviceLost or call_error."""
+
+    @abstractmethod
+    def _unit_failures(self, unit: Any, reason: str, lost: bool) -> list[DeviceFailure]:
+        """Failures for a unit and its children."""
+
+    @abstractmethod
+    def _retry_lost(self, unit: Any, now: float) -> bool:
+        """Probe a lost unit whose backoff has passed; True when it answers again."""
+
+    def _mark_lost(self, unit: Any, reason: str, now: float) -> None:
+        unit.lost.mark(f"{unit.info.name} ({unit.info.id})", reason, now)
+
     def sweep(self, emit: Emit) -> None:
-        """One sweep, handing each device to ``emit`` as soon as it is read."""
+        """One sweep, handing each device to ``emit`` as soon as it is read (so a later device
+        whose call hangs does not hold back the ones already read)."""
+        self.inventory()
+        with self._sweep_lock:
+            slow = self._sweep % self.slow_every == 0
+            self._sweep += 1
+        now = self._clock()
+        for unit in self._units():
+            broken = getattr(unit, "broken_reason", None)
+            if broken is not None:  # unreadable since open (not lost): keeps failing
+                failures = self._unit_failures(unit, broken, lost=False)
+            elif unit.lost.lost and not self._retry_lost(unit, now):
+                failures = self._unit_failures(unit, unit.lost.reason or "lost", lost=True)
+            else:
+                try:
+                    samples = self._read_unit(unit, slow or not unit.slow)
+                except DeviceLost as err:
+                    self._mark_lost(unit, err.reason, now)
+                    failures = self._unit_failures(unit, err.reason, lost=True)
+                except self.call_error as err:
+                    failures = self._unit_failures(unit, str(err), lost=False)
+                else:
+                    for sample in samples:
+                        emit(sample)
+                    continue
+            for failure in failures:
+                emit(failure)
 
     def open(self) -> None:
         """Start the vendor library and read the static inventory."""

@@ -179,6 +179,7 @@ class AmdBackend(LibraryBackend):
     seconds (backoff)."""
 
     name: ClassVar[str] = "amd"
+    call_error: ClassVar[type[Exception]] = AmdCallError
     auto: ClassVar[bool] = True
     fallback_for: ClassVar[str | None] = None
 
@@ -203,7 +204,6 @@ class AmdBackend(LibraryBackend):
         self._clock = clock
         self._devices: list[_Device] = []
         self._sweep = 0
-        self._lock = threading.Lock()
         self._events: _EventThread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -489,41 +489,17 @@ class AmdBackend(LibraryBackend):
 
     # -- sampling ----------------------------------------------------------------------------
 
-    def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
-        """One sweep, reporting each device (sample or failure) as soon as it is read."""
-        self.inventory()
-        with self._lock:
-            slow = self._sweep % self.slow_every == 0
-            self._sweep += 1
-        now = self._clock()
-        for dev in self._devices:
-            if dev.broken_reason is not None:
-                for item in self._failures(dev, dev.broken_reason, lost=False):
-                    emit(item)
-                continue
-            if dev.lost.lost and not self._retry_lost(dev, now):
-                for item in self._failures(dev, dev.lost.reason or "lost", lost=True):
-                    emit(item)
-                continue
-            try:
-                for sample in self._sample_device(dev, slow or not dev.slow):
-                    emit(sample)
-            except DeviceLost as err:
-                self._mark_lost(dev, err.reason, now)
-                for item in self._failures(dev, err.reason, lost=True):
-                    emit(item)
-            except AmdCallError as err:
-                for item in self._failures(dev, str(err), lost=False):
-                    emit(item)
+    def _units(self) -> list[_Device]:
+        return self._devices
 
-    def _failures(self, dev: _Device, reason: str, lost: bool) -> list[DeviceFailure]:
+    def _read_unit(self, unit: _Device, slow: bool) -> list[DeviceSample]:
+        return self._sample_device(unit, slow)
+
+    def _unit_failures(self, dev: _Device, reason: str, lost: bool) -> list[DeviceFailure]:
         prefix = "parent GPU lost: " if lost else "parent GPU unreadable: "
         return [DeviceFailure(dev.info.id, reason, lost=lost)] + [
             DeviceFailure(c.info.id, prefix + reason, lost=lost) for c in dev.children
         ]
-
-    def _mark_lost(self, dev: _Device, reason: str, now: float) -> None:
-        dev.lost.mark(f"{dev.info.name} ({dev.info.id})", reason, now)
 
     def _retry_lost(self, dev: _Device, now: float) -> bool:
         """Ask a lost GPU again when its backoff has passed; True when it answers."""

@@ -45,7 +45,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -187,6 +186,7 @@ class IntelBackend(LibraryBackend):
     is monotonic seconds (backoff)."""
 
     name: ClassVar[str] = "intel"
+    call_error: ClassVar[type[Exception]] = ZesCallError
     auto: ClassVar[bool] = True
     fallback_for: ClassVar[str | None] = None
 
@@ -213,7 +213,6 @@ class IntelBackend(LibraryBackend):
         self._clock = clock
         self._cards: list[_Card] = []
         self._sweep = 0
-        self._lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -452,41 +451,17 @@ class IntelBackend(LibraryBackend):
 
     # -- sampling ----------------------------------------------------------------------------
 
-    def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
-        """One sweep, reporting each device (sample or failure) as soon as it is read."""
-        self.inventory()
-        with self._lock:
-            slow = self._sweep % self.slow_every == 0
-            self._sweep += 1
-        now = self._clock()
-        for card in self._cards:
-            if card.broken_reason is not None:
-                for item in self._failures(card, card.broken_reason, lost=False):
-                    emit(item)
-                continue
-            if card.lost.lost and not self._retry_lost(card, now):
-                for item in self._failures(card, card.lost.reason or "lost", lost=True):
-                    emit(item)
-                continue
-            try:
-                for sample in self._sample_card(card, slow or not card.slow):
-                    emit(sample)
-            except DeviceLost as err:
-                self._mark_lost(card, err.reason, now)
-                for item in self._failures(card, err.reason, lost=True):
-                    emit(item)
-            except ZesCallError as err:
-                for item in self._failures(card, str(err), lost=False):
-                    emit(item)
+    def _units(self) -> list[_Card]:
+        return self._cards
 
-    def _failures(self, card: _Card, reason: str, lost: bool) -> list[DeviceFailure]:
+    def _read_unit(self, unit: _Card, slow: bool) -> list[DeviceSample]:
+        return self._sample_card(unit, slow)
+
+    def _unit_failures(self, card: _Card, reason: str, lost: bool) -> list[DeviceFailure]:
         prefix = "card lost: " if lost else "card unreadable: "
         return [DeviceFailure(card.info.id, reason, lost=lost)] + [
             DeviceFailure(t.id, prefix + reason, lost=lost) for t in card.tiles
         ]
-
-    def _mark_lost(self, card: _Card, reason: str, now: float) -> None:
-        card.lost.mark(f"{card.info.name} ({card.info.id})", reason, now)
 
     def _retry_lost(self, card: _Card, now: float) -> bool:
         """Ask a lost card again when its backoff has passed; True when it answers."""

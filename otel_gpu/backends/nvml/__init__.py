@@ -150,6 +150,7 @@ class NvmlBackend(LibraryBackend):
     seconds (backoff)."""
 
     name: ClassVar[str] = "nvml"
+    call_error: ClassVar[type[Exception]] = NvmlCallError
     auto: ClassVar[bool] = True
     fallback_for: ClassVar[str | None] = None
 
@@ -443,42 +444,18 @@ class NvmlBackend(LibraryBackend):
 
     # -- sampling ----------------------------------------------------------------------------
 
-    def sweep(self, emit: Callable[[DeviceSample | DeviceFailure], None]) -> None:
-        """One sweep, handing each device to ``emit`` as soon as it is read (so a later device
-        whose call hangs does not hold back the ones already read)."""
-        self.inventory()
-        slow = self._sweep % self.slow_every == 0
-        self._sweep += 1
-        now = self._clock()
-        for dev in self._devices:
-            if dev.lost.lost and not self._retry_lost(dev, now):
-                for failure in self._lost_failures(dev):
-                    emit(failure)
-                continue
-            try:
-                sample = self._sample_device(dev, slow or not dev.slow)
-                children = [self._sample_mig(child, handle) for child, handle in dev.children]
-            except DeviceLost as err:
-                self._mark_lost(dev, err.reason, now)
-                for failure in self._lost_failures(dev):
-                    emit(failure)
-                continue
-            except NvmlCallError as err:
-                emit(DeviceFailure(dev.info.id, str(err)))
-                continue
-            emit(sample)
-            for child_sample in children:
-                emit(child_sample)
+    def _units(self) -> list[_Device]:
+        return self._devices
 
-    def _lost_failures(self, dev: _Device) -> list[DeviceFailure]:
-        reason = dev.lost.reason or "GPU is lost"
-        return [DeviceFailure(dev.info.id, reason, lost=True)] + [
-            DeviceFailure(child.id, f"parent GPU lost: {reason}", lost=True)
-            for child, _ in dev.children
+    def _read_unit(self, unit: _Device, slow: bool) -> list[DeviceSample]:
+        sample = self._sample_device(unit, slow)
+        return [sample] + [self._sample_mig(child, handle) for child, handle in unit.children]
+
+    def _unit_failures(self, dev: _Device, reason: str, lost: bool) -> list[DeviceFailure]:
+        prefix = "parent GPU lost: " if lost else "parent GPU unreadable: "
+        return [DeviceFailure(dev.info.id, reason, lost=lost)] + [
+            DeviceFailure(child.id, prefix + reason, lost=lost) for child, _ in dev.children
         ]
-
-    def _mark_lost(self, dev: _Device, reason: str, now: float) -> None:
-        dev.lost.mark(f"{dev.info.name} ({dev.info.id})", reason, now)
 
     def _retry_lost(self, dev: _Device, now: float) -> bool:
         """Probe a lost GPU again when its backoff has passed; True when it answers."""
