@@ -14,9 +14,10 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from otel_gpu.errors import DeviceLost
+from otel_gpu.errors import BackendUnavailable, DeviceLost
 from otel_gpu.hal.model import DeviceFailure, DeviceInfo, DeviceSample, Inventory, Snapshot
 
 __all__ = ["LibraryBackend", "LostState", "UnsupportedCache", "VendorLibrary", "sample_by_sweep"]
@@ -126,6 +127,26 @@ class LibraryBackend(ABC):
     _sweep: int = 0
     _clock: Callable[[], float]
     _sweep_lock = threading.Lock()
+    name: ClassVar[str]
+
+    def __init__(
+        self,
+        options: str | None = None,
+        *,
+        sysfs_root: Path = Path("/"),
+        slow_every: int = 6,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``sysfs_root`` is where ``sys/bus/pci`` is read (tests); ``slow_every`` sets how many
+        sweeps pass between slow-path reads; ``clock`` is monotonic seconds (backoff)."""
+        if options:
+            raise BackendUnavailable(
+                self.name, f"the {self.name} backend takes no options (got {options!r})"
+            )
+        self._root = sysfs_root
+        self.slow_every = max(1, slow_every)
+        self._clock = clock
+        self._sweep = 0
 
     @property
     @abstractmethod

@@ -35,7 +35,6 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.resources
-import json
 import sys
 import threading
 import time
@@ -45,6 +44,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from otel_gpu.testing._scenario_files import builtin_names, read_scenario
 
 __all__ = [
     "STATUS",
@@ -345,32 +346,13 @@ def _uuid(seed: int, index: int) -> str:
     return f"{digest[:2]}ff74a1-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
-def _scenario_dir() -> Any:
-    return importlib.resources.files("otel_gpu.testing") / "scenarios" / "amd"
-
-
 def builtin_scenarios() -> list[str]:
     """Names of the scenarios shipped under ``otel_gpu/testing/scenarios/amd``."""
-    return sorted(
-        p.name.removesuffix(".json") for p in _scenario_dir().iterdir() if p.name.endswith(".json")
-    )
+    return builtin_names("amd")
 
 
 def _scenario_dict(name: str) -> dict[str, Any]:
-    path = Path(name)
-    if path.suffix == ".json" and path.exists():
-        text = path.read_text()
-    else:
-        entry = _scenario_dir() / f"{name}.json"
-        if not entry.is_file():
-            raise ScenarioError(
-                f"unknown AMD scenario {name!r} (built in: {', '.join(builtin_scenarios())})"
-            )
-        text = entry.read_text()
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{name}: a scenario is a JSON object")
-    return data
+    return read_scenario("amd", "AMD", name, ScenarioError)
 
 
 def load_scenario(scenario: str | Path | Mapping[str, Any] | Scenario) -> Scenario:

@@ -30,7 +30,6 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.resources
-import json
 import sys
 import threading
 import types
@@ -51,6 +50,8 @@ from ctypes import (
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from otel_gpu.testing._scenario_files import builtin_names, read_scenario
 
 __all__ = [
     "RESULT",
@@ -611,32 +612,13 @@ class Scenario:
         )
 
 
-def _scenario_dir() -> Any:
-    return importlib.resources.files("otel_gpu.testing") / "scenarios" / "intel"
-
-
 def builtin_scenarios() -> list[str]:
     """Names of the scenarios shipped under ``otel_gpu/testing/scenarios/intel``."""
-    return sorted(
-        p.name.removesuffix(".json") for p in _scenario_dir().iterdir() if p.name.endswith(".json")
-    )
+    return builtin_names("intel")
 
 
 def _scenario_dict(name: str) -> dict[str, Any]:
-    path = Path(name)
-    if path.suffix == ".json" and path.exists():
-        text = path.read_text()
-    else:
-        entry = _scenario_dir() / f"{name}.json"
-        if not entry.is_file():
-            raise ScenarioError(
-                f"unknown Intel scenario {name!r} (built in: {', '.join(builtin_scenarios())})"
-            )
-        text = entry.read_text()
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{name}: a scenario is a JSON object")
-    return data
+    return read_scenario("intel", "Intel", name, ScenarioError)
 
 
 def load_scenario(scenario: str | Path | Mapping[str, Any] | Scenario) -> Scenario:

@@ -62,7 +62,7 @@ from typing import Any, ClassVar
 
 from otel_gpu.backends._common import LibraryBackend, LostState
 from otel_gpu.backends.amd._lib import AmdCallError, AmdSmi, handle_address, na
-from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
+from otel_gpu.errors import DeviceLost, OtelGpuError
 from otel_gpu.hal.model import (
     DeviceFailure,
     DeviceInfo,
@@ -196,14 +196,9 @@ class AmdBackend(LibraryBackend):
         slow_every: int = 6,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if options:
-            raise BackendUnavailable("amd", f"the amd backend takes no options (got {options!r})")
+        super().__init__(options, sysfs_root=sysfs_root, slow_every=slow_every, clock=clock)
         self.smi = AmdSmi()
-        self._root = sysfs_root
-        self.slow_every = max(1, slow_every)
-        self._clock = clock
         self._devices: list[_Device] = []
-        self._sweep = 0
         self._events: _EventThread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from typing import Any, ClassVar
 
 from otel_gpu.backends._common import LibraryBackend, LostState
 from otel_gpu.backends.intel._lib import RasProperties, RasState, Zes, ZesCallError
-from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
+from otel_gpu.errors import DeviceLost, OtelGpuError
 from otel_gpu.hal.model import (
     DeviceFailure,
     DeviceInfo,
@@ -203,16 +203,9 @@ class IntelBackend(LibraryBackend):
         slow_every: int = 6,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if options:
-            raise BackendUnavailable(
-                "intel", f"the intel backend takes no options (got {options!r})"
-            )
+        super().__init__(options, sysfs_root=sysfs_root, slow_every=slow_every, clock=clock)
         self.zes = Zes()
-        self._root = sysfs_root
-        self.slow_every = max(1, slow_every)
-        self._clock = clock
         self._cards: list[_Card] = []
-        self._sweep = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from otel_gpu.backends._common import LibraryBackend, LostState
 from otel_gpu.backends.nvml._lib import Nvml, NvmlCallError
-from otel_gpu.errors import BackendUnavailable, DeviceLost, OtelGpuError
+from otel_gpu.errors import DeviceLost, OtelGpuError
 from otel_gpu.hal.model import (
     DeviceFailure,
     DeviceInfo,
@@ -167,14 +167,9 @@ class NvmlBackend(LibraryBackend):
         slow_every: int = 6,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if options:
-            raise BackendUnavailable("nvml", f"the nvml backend takes no options (got {options!r})")
+        super().__init__(options, sysfs_root=sysfs_root, slow_every=slow_every, clock=clock)
         self.nvml = Nvml()
-        self._root = sysfs_root
-        self.slow_every = max(1, slow_every)
-        self._clock = clock
         self._devices: list[_Device] = []
-        self._sweep = 0
         self._events: _EventThread | None = None
         self._value_members: dict[int, str] | None = None
         self._gpu_is_lost = 15
